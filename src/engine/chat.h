@@ -1,0 +1,46 @@
+/*
+ * chat.h — chat prompt formats, implemented in C (the published Jinja
+ * templates are not executed) and checked against transformers'
+ * apply_chat_template on a golden set of conversations.
+ *
+ * Gemma 4:  <bos>[<|turn>system\n[<|think|>]SYSTEM<turn|>\n]
+ *           (<|turn>user|model\nCONTENT<turn|>\n)*  <|turn>model\n
+ *           [<|channel>thought\n<channel|>  when thinking is off]
+ * Gemma 3:  <bos>(<start_of_turn>user|model\nCONTENT<end_of_turn>\n)*
+ *           <start_of_turn>model\n   (system text prefixed to the first
+ *           user turn, followed by a blank line)
+ * Image/audio parts render as placeholders and expand to
+ * begin + n_soft_tokens × soft token + end.
+ */
+#ifndef G4_CHAT_H
+#define G4_CHAT_H
+
+#include <stdint.h>
+
+#include "engine.h"
+#include "tokenizer.h"
+
+typedef enum
+{
+	G4_CHAT_GEMMA4 = 0,
+	G4_CHAT_GEMMA3 = 1
+} g4_chat_format;
+
+/* Token ids a chat format needs, resolved from the tokenizer by name. */
+typedef struct
+{
+	int			format;			/* g4_chat_format */
+	int			bos;
+	int			image_begin, image_soft, image_end;	/* -1 if absent */
+	int			audio_begin, audio_soft, audio_end;
+} g4_chat_ids;
+
+int			g4_chat_init(const g4_tokenizer *tok, int format, g4_chat_ids *ids, g4_err *err);
+
+/* Render messages to token ids (appended to *out, realloc'd). */
+int			g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids,
+						   const g4_message *msgs, int n_msgs, int enable_thinking,
+						   int add_generation_prompt,
+						   int32_t **out, int *n, int *cap, g4_err *err);
+
+#endif

@@ -1,0 +1,82 @@
+/*
+ * cpu.h — internals of the CPU backend (the reference implementation of
+ * backend.h), shared by its operation files.
+ */
+#ifndef G4_CPU_H
+#define G4_CPU_H
+
+#include "backend.h"
+#include "threadpool.h"
+
+#define G4_CPU_MAX_PARTS 4
+
+struct g4_weight
+{
+	int			n_parts;
+	g4_host_weight parts[G4_CPU_MAX_PARTS];	/* data stays where the loader found it */
+	int64_t		out;			/* sum of the parts' rows */
+	int64_t		in;
+	size_t		bytes;
+};
+
+typedef struct
+{
+	g4_backend	base;
+	g4_pool    *pool;
+	g4_kv_pool_desc kv;
+	int			kv_configured;
+	/* the current step (copied by step_begin) */
+	int			n_tokens;
+	int			n_logits;
+	int			cap_tokens;
+	int			cap_logits;
+	int32_t    *token;
+	int32_t    *pos;
+	int32_t    *slot;
+	int32_t    *lo[G4_KVG_COUNT];
+	int32_t    *hi[G4_KVG_COUNT];
+	int32_t    *logit_rows;
+	/* attention split-KV scratch */
+	float	   *scratch;
+	size_t		scratch_len;
+} g4_cpu;
+
+static inline g4_cpu *
+g4_cpu_of(g4_backend *be)
+{
+	return (g4_cpu *) be;
+}
+
+/* operation entry points, by file */
+/* ops_dense.c */
+int			g4_cpu_embed(g4_backend *be, const g4_weight *table, float scale, float *out);
+int			g4_cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim,
+						   float eps, float *y);
+int			g4_cpu_head_norm_rope(g4_backend *be, float *x, int n, int stride, int heads, int hd,
+								  const float *w, float eps, const float *inv_freq);
+int			g4_cpu_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
+int			g4_cpu_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
+							   int dim, float eps, float scale);
+int			g4_cpu_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
+int			g4_cpu_softcap(g4_backend *be, float *x, size_t count, float cap);
+/* matmul.c */
+int			g4_cpu_matmul(g4_backend *be, const g4_weight *w, const float *x, int n, float *y);
+/* attention.c */
+int			g4_cpu_kv_store(g4_backend *be, const g4_kv_layer *L, const float *k, int k_stride,
+							const float *v, int v_stride, int n);
+int			g4_cpu_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride,
+							 int n, float *out);
+
+/* kv_codec.c: the KV pool's element encodings (kvformat.h) */
+void		g4_hadamard(float *x, int n);	/* in place, orthonormal */
+void		g4_kv_encode_head(int dtype, int k_eq_v, int head_dim, uint8_t *head_block, int off,
+							  const float *k, const float *v);
+void		g4_kv_decode_k(int dtype, int k_eq_v, int head_dim, const uint8_t *head_block, int off,
+						   float *k);
+void		g4_kv_decode_v(int dtype, int k_eq_v, int head_dim, const uint8_t *head_block, int off,
+						   float *v);
+
+/* RoPE of one vector (rotate-half pairs j, j + hd/2) at a position. */
+void		g4_rope_apply(float *x, int hd, int pos, const float *inv_freq);
+
+#endif

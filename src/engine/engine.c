@@ -1,0 +1,676 @@
+/*
+ * engine.c — the engine's public API: opening a model on a backend with its
+ * tokenizer and KV pool, submitting and cancelling requests, running steps,
+ * and reporting statistics.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "gguf.h"
+#include "util.h"
+
+#define G4_VERSION "0.1.0"
+
+/* Device memory kept free beside weights, workspace and pool (library
+ * handles, kernels' scratch). */
+#define DEVICE_RESERVE ((size_t) 512 << 20)
+
+const char *
+g4_version(void)
+{
+	return G4_VERSION;
+}
+
+void
+g4_options_default(g4_options *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->backend = G4_BACKEND_AUTO;
+	o->max_model_len = 262144;
+	o->gpu_memory_utilization = 0.95;
+	o->kv_dtype = G4_KV_TURBOQUANT_K8V4;
+	o->max_num_seqs = 16;
+	o->max_num_batched_tokens = 16384;
+	o->num_speculative_tokens = 4;
+	o->mask_variant = G4_MASK_A;
+}
+
+void
+g4_sampling_default(g4_sampling *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->temperature = 0.0f;
+	s->top_p = 1.0f;
+	s->repetition_penalty = 1.0f;
+}
+
+static const char *
+kv_dtype_name(int d)
+{
+	switch (d)
+	{
+		case G4_KV_F32:
+			return "f32";
+		case G4_KV_BF16:
+			return "bf16";
+		case G4_KV_TURBOQUANT_K8V4:
+			return "turboquant_k8v4";
+	}
+	return "?";
+}
+
+static int
+open_backend(const g4_options *o, g4_backend **be, g4_err *err)
+{
+	switch (o->backend)
+	{
+		case G4_BACKEND_CPU:
+			return g4_backend_cpu_create(o->threads, be, err);
+		case G4_BACKEND_CUDA:
+			return g4_backend_cuda_create(0, be, err);
+		default:
+			if (g4_backend_cuda_available())
+				return g4_backend_cuda_create(0, be, err);
+			return g4_backend_cpu_create(o->threads, be, err);
+	}
+}
+
+static int
+load_tokenizer(g4_engine *e, g4_err *err)
+{
+	const char *path = e->opts.model_path;
+
+	if (e->model->gguf)
+		return g4_tok_load_gguf(e->model->gguf, &e->tok, err);
+	{
+		char	   *tj = g4_path_join(path, "tokenizer.json");
+		char	   *tc = g4_path_join(path, "tokenizer_config.json");
+		int			rc;
+
+		if (!tj || !tc)
+			rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		else if (!g4_is_file(tj))
+			rc = g4_fail(err, G4_ERR_IO, "%s: missing tokenizer.json", path);
+		else
+			rc = g4_tok_load_json(tj, g4_is_file(tc) ? tc : NULL, &e->tok, err);
+		free(tj);
+		free(tc);
+		return rc;
+	}
+}
+
+static void
+add_eos(g4_engine *e, int32_t id)
+{
+	int			i;
+
+	if (id < 0 || e->n_eos >= (int) G4_ARRAY_LEN(e->eos))
+		return;
+	for (i = 0; i < e->n_eos; i++)
+		if (e->eos[i] == id)
+			return;
+	e->eos[e->n_eos++] = id;
+}
+
+/* KV budget: what the memory-utilisation target leaves after everything
+ * already resident (weights, workspace, other processes). */
+static size_t
+kv_budget(g4_engine *e)
+{
+	char		name[128];
+	size_t		free_b = 0,
+				total = 0;
+
+	e->be->ops->device_info(e->be, name, sizeof(name), &free_b, &total);
+	snprintf(e->device_name, sizeof(e->device_name), "%s", name);
+	e->stats.device_bytes_total = total;
+	if (total == 0)
+	{
+		/* host memory: what was asked, else room for every slot at full
+		 * length, bounded by a quarter of the free memory */
+		size_t		want = e->opts.kv_pool_bytes;
+
+		if (want == 0)
+		{
+			size_t		per_token = 0;
+			int			g;
+
+			for (g = 0; g < G4_KVG_COUNT; g++)
+				per_token += g4_kv_group_token_bytes(e->model, e->opts.kv_dtype, g);
+			want = per_token * (size_t) e->max_model_len * (size_t) e->max_seqs + ((size_t) 64 << 20);
+			if (free_b > 0 && want > free_b / 4)
+				want = free_b / 4;
+		}
+		return want;
+	}
+	{
+		double		target = (double) total * e->opts.gpu_memory_utilization;
+		double		used = (double) (total - free_b);
+		double		left = target - used - (double) DEVICE_RESERVE;
+
+		return left > 0 ? (size_t) left : 0;
+	}
+}
+
+int
+g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
+{
+	g4_engine  *e;
+	const g4_model_config *c;
+	int			rc;
+	int			g;
+
+	*out = NULL;
+	if (!opts->model_path || !opts->model_path[0])
+		return g4_fail(err, G4_ERR_INVALID, "no model path given");
+	if (opts->max_num_seqs < 1 || opts->max_num_batched_tokens < 1)
+		return g4_fail(err, G4_ERR_INVALID, "max_num_seqs and max_num_batched_tokens must be positive");
+	if (opts->kv_dtype < G4_KV_F32 || opts->kv_dtype > G4_KV_TURBOQUANT_K8V4)
+		return g4_fail(err, G4_ERR_INVALID, "unknown KV cache dtype %d", opts->kv_dtype);
+	if (!(opts->gpu_memory_utilization > 0.0 && opts->gpu_memory_utilization <= 1.0))
+		return g4_fail(err, G4_ERR_INVALID, "gpu_memory_utilization must be in (0, 1]");
+	e = g4_calloc(1, sizeof(g4_engine));
+	if (!e)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	e->opts = *opts;
+	e->channel_open = e->channel_close = -1;
+	g4_rng_seed(&e->seeder, (uint64_t) (g4_now() * 1e9));
+
+	rc = open_backend(opts, &e->be, err);
+	if (rc == G4_OK)
+		rc = g4_model_load(opts->model_path, e->be, &e->model, opts->verbose, err);
+	if (rc == G4_OK)
+		rc = load_tokenizer(e, err);
+	if (rc != G4_OK)
+	{
+		g4_close(e);
+		return rc;
+	}
+	c = &e->model->cfg;
+	if (g4_tok_vocab_size(e->tok) > c->vocab_size)
+	{
+		rc = g4_fail(err, G4_ERR_FORMAT, "the tokenizer has %d tokens but the model's embedding only %d rows",
+					 g4_tok_vocab_size(e->tok), c->vocab_size);
+		g4_close(e);
+		return rc;
+	}
+	/* the window is the smaller of the setting and what the model supports
+	 * (a 32k model under the 262144 default runs at 32k) */
+	e->max_model_len = opts->max_model_len > 0 ? G4_MIN(opts->max_model_len, c->max_position) : c->max_position;
+	e->max_seqs = opts->max_num_seqs;
+	e->max_batched = opts->max_num_batched_tokens;
+	e->max_logits = e->max_seqs;
+
+	/* stop ids: the model's eos list plus the chat format's end of turn */
+	for (g = 0; g < c->n_eos; g++)
+		add_eos(e, c->eos_ids[g]);
+	add_eos(e, g4_tok_eos(e->tok));
+	add_eos(e, g4_tok_id(e->tok, "<turn|>"));
+	add_eos(e, g4_tok_id(e->tok, "<end_of_turn>"));
+	e->channel_open = g4_tok_id(e->tok, "<|channel>");
+	e->channel_close = g4_tok_id(e->tok, "<channel|>");
+	e->chat_ok = g4_chat_init(e->tok, c->family == G4_FAMILY_GEMMA3 ? G4_CHAT_GEMMA3 : G4_CHAT_GEMMA4,
+							  &e->chat, NULL) == G4_OK;
+
+	rc = g4_workspace_init(e->model, e->max_batched, e->max_logits, &e->ws, err);
+	if (rc == G4_OK)
+		rc = g4_kvpool_init(&e->kv, e->model, opts->kv_dtype, kv_budget(e), e->max_seqs, e->max_model_len,
+							e->max_batched, err);
+	if (rc == G4_OK)
+	{
+		size_t		T = (size_t) e->max_batched;
+
+		e->st_token = g4_malloc(T * sizeof(int32_t));
+		e->st_pos = g4_malloc(T * sizeof(int32_t));
+		e->st_slot = g4_malloc(T * sizeof(int32_t));
+		for (g = 0; g < G4_KVG_COUNT; g++)
+		{
+			e->st_lo[g] = g4_malloc(T * sizeof(int32_t));
+			e->st_hi[g] = g4_malloc(T * sizeof(int32_t));
+		}
+		e->st_logit_rows = g4_malloc((size_t) e->max_logits * sizeof(int32_t));
+		e->st_logit_seq = g4_malloc((size_t) e->max_logits * sizeof(g4_seq *));
+		e->logits_host = g4_malloc((size_t) e->max_logits * (size_t) c->vocab_size * sizeof(float));
+		e->slot_used = g4_calloc((size_t) e->max_seqs, 1);
+		if (!e->st_token || !e->st_pos || !e->st_slot || !e->st_lo[0] || !e->st_lo[1] || !e->st_hi[0] ||
+			!e->st_hi[1] || !e->st_logit_rows || !e->st_logit_seq || !e->logits_host || !e->slot_used)
+			rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	}
+	if (rc != G4_OK)
+	{
+		g4_close(e);
+		return rc;
+	}
+	snprintf(e->kv_dtype_name, sizeof(e->kv_dtype_name), "%s", kv_dtype_name(opts->kv_dtype));
+	e->stats.max_num_seqs = e->max_seqs;
+	e->stats.max_model_len = e->max_model_len;
+	*out = e;
+	return G4_OK;
+}
+
+void
+g4_close(g4_engine *e)
+{
+	int			i;
+
+	if (!e)
+		return;
+	for (i = 0; i < e->n_seqs; i++)
+		g4_seq_free(e->seqs[i]);
+	free(e->seqs);
+	if (e->model)
+	{
+		if (e->kv.be)
+			g4_kvpool_free(&e->kv);
+		g4_workspace_free(e->model, &e->ws);
+		g4_model_free(e->model);
+	}
+	if (e->tok)
+		g4_tok_free(e->tok);
+	if (e->be)
+		e->be->ops->destroy(e->be);
+	free(e->st_token);
+	free(e->st_pos);
+	free(e->st_slot);
+	for (i = 0; i < G4_KVG_COUNT; i++)
+	{
+		free(e->st_lo[i]);
+		free(e->st_hi[i]);
+	}
+	free(e->st_logit_rows);
+	free(e->st_logit_seq);
+	free(e->st_embed_index);
+	free(e->st_embed_rows);
+	free(e->logits_host);
+	free(e->slot_used);
+	g4_sampler_scratch_free(&e->scratch);
+	free(e);
+}
+
+void
+g4_model_info_get(const g4_engine *e, g4_model_info *info)
+{
+	const g4_model_config *c = &e->model->cfg;
+
+	info->architecture = c->architecture;
+	info->family = c->family == G4_FAMILY_GEMMA3 ? "gemma3" : "gemma4";
+	info->vocab_size = c->vocab_size;
+	info->n_layers = c->n_layers;
+	info->hidden_size = c->hidden_size;
+	info->max_model_len = e->max_model_len;
+	info->n_params = e->model->n_params;
+}
+
+int
+g4_tokenize(g4_engine *e, const char *text, size_t len, int add_bos, int32_t **ids, int *n_ids, g4_err *err)
+{
+	int			cap = 0;
+
+	*ids = NULL;
+	*n_ids = 0;
+	return g4_tok_encode(e->tok, text, len, add_bos, ids, n_ids, &cap, err);
+}
+
+int
+g4_detokenize(g4_engine *e, const int32_t *ids, int n_ids, char **text, size_t *len, g4_err *err)
+{
+	int			i;
+	int			vocab = g4_tok_vocab_size(e->tok);
+
+	for (i = 0; i < n_ids; i++)
+		if (ids[i] < 0 || ids[i] >= vocab)
+			return g4_fail(err, G4_ERR_INVALID, "token id %d at position %d is outside the vocabulary (0..%d)",
+						   ids[i], i + 1, vocab - 1);
+	return g4_tok_decode(e->tok, ids, n_ids, 1, text, len, err);
+}
+
+static int
+add_seq(g4_engine *e, g4_seq *s, uint64_t *seq_id, g4_err *err)
+{
+	if (e->n_seqs == e->cap_seqs)
+	{
+		int			cap = e->cap_seqs ? e->cap_seqs * 2 : 64;
+		g4_seq	  **p = realloc(e->seqs, (size_t) cap * sizeof(g4_seq *));
+
+		if (!p)
+			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		e->seqs = p;
+		e->cap_seqs = cap;
+	}
+	s->id = ++e->next_id;
+	e->seqs[e->n_seqs++] = s;
+	*seq_id = s->id;
+	return G4_OK;
+}
+
+int
+g4_submit(g4_engine *e, const g4_request *req, uint64_t *seq_id, g4_err *err)
+{
+	g4_seq	   *s = g4_seq_new(e, req, err);
+	int			rc;
+
+	if (!s)
+		return err->code;
+	rc = add_seq(e, s, seq_id, err);
+	if (rc != G4_OK)
+		g4_seq_free(s);
+	return rc;
+}
+
+int
+g4_submit_embeds(g4_engine *e, const g4_request *req, int n_embeds, const int32_t *embed_pos,
+				 const float *embed_rows, const int32_t *mm_block, uint64_t *seq_id, g4_err *err)
+{
+	g4_seq	   *s;
+	size_t		H = (size_t) e->model->cfg.hidden_size;
+	int			i;
+	int			rc;
+
+	if (req->input_kind != G4_INPUT_TOKENS)
+		return g4_fail(err, G4_ERR_INVALID, "precomputed embeddings need a token-id prompt");
+	s = g4_seq_new(e, req, err);
+	if (!s)
+		return err->code;
+	for (i = 0; i < n_embeds; i++)
+		if (embed_pos[i] < 0 || embed_pos[i] >= s->n_prompt)
+		{
+			g4_seq_free(s);
+			return g4_fail(err, G4_ERR_INVALID, "embedding row %d targets position %d outside the prompt", i,
+						   embed_pos[i]);
+		}
+	s->n_embeds = n_embeds;
+	if (n_embeds > 0)
+	{
+		s->embed_pos = g4_malloc((size_t) n_embeds * sizeof(int32_t));
+		s->embed_rows = g4_malloc((size_t) n_embeds * H * sizeof(float));
+		if (!s->embed_pos || !s->embed_rows)
+		{
+			g4_seq_free(s);
+			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		}
+		memcpy(s->embed_pos, embed_pos, (size_t) n_embeds * sizeof(int32_t));
+		memcpy(s->embed_rows, embed_rows, (size_t) n_embeds * H * sizeof(float));
+	}
+	if (mm_block)
+	{
+		int			run = 0;
+
+		s->mm_block = g4_malloc((size_t) s->n_prompt * sizeof(int32_t));
+		if (!s->mm_block)
+		{
+			g4_seq_free(s);
+			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		}
+		memcpy(s->mm_block, mm_block, (size_t) s->n_prompt * sizeof(int32_t));
+		/* a block must fit one step, since it is never split */
+		for (i = 0; i < s->n_prompt; i++)
+		{
+			run = (mm_block[i] >= 0 && i > 0 && mm_block[i - 1] == mm_block[i]) ? run + 1 : (mm_block[i] >= 0);
+			if (run > e->max_batched)
+			{
+				g4_seq_free(s);
+				return g4_fail(err, G4_ERR_INVALID,
+							   "a block of %d soft tokens exceeds max_num_batched_tokens (%d)", run, e->max_batched);
+			}
+		}
+	}
+	rc = add_seq(e, s, seq_id, err);
+	if (rc != G4_OK)
+		g4_seq_free(s);
+	return rc;
+}
+
+static void
+remove_seq(g4_engine *e, g4_seq *s)
+{
+	int			i;
+
+	for (i = 0; i < e->n_seqs; i++)
+		if (e->seqs[i] == s)
+		{
+			memmove(&e->seqs[i], &e->seqs[i + 1], (size_t) (e->n_seqs - i - 1) * sizeof(g4_seq *));
+			e->n_seqs--;
+			break;
+		}
+	g4_seq_free(s);
+}
+
+void
+g4_cancel(g4_engine *e, uint64_t seq_id, g4_event_fn fn, void *ctx)
+{
+	int			i;
+
+	for (i = 0; i < e->n_seqs; i++)
+		if (e->seqs[i]->id == seq_id)
+		{
+			g4_seq	   *s = e->seqs[i];
+
+			g4_seq_finish(e, s, G4_FINISH_CANCELLED, fn, ctx);
+			remove_seq(e, s);
+			return;
+		}
+}
+
+int
+g4_has_work(const g4_engine *e)
+{
+	return e->n_seqs > 0;
+}
+
+/* Sequences whose events said they are done leave the engine here. */
+typedef struct
+{
+	g4_event_fn fn;
+	void	   *ctx;
+	uint64_t   *done;
+	int			n_done;
+	int			cap_done;
+} step_events;
+
+static void
+step_event(void *arg, const g4_event *ev)
+{
+	step_events *se = arg;
+
+	if ((ev->kind == G4_EV_FINISH || ev->kind == G4_EV_ERROR) && se->n_done < se->cap_done)
+		se->done[se->n_done++] = ev->seq_id;
+	se->fn(se->ctx, ev);
+}
+
+static void
+fail_all(g4_engine *e, const g4_err *why, g4_event_fn fn, void *ctx)
+{
+	while (e->n_seqs > 0)
+	{
+		g4_seq	   *s = e->seqs[0];
+
+		g4_seq_fail(e, s, why->code, why->msg, fn, ctx);
+		remove_seq(e, s);
+	}
+}
+
+int
+g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
+{
+	g4_schedule sc;
+	g4_step_meta meta;
+	g4_embed_rows extra;
+	step_events se;
+	int			V = e->model->cfg.vocab_size;
+	int			i;
+	int			rc;
+
+	if (e->n_seqs == 0)
+		return 0;
+	memset(&sc, 0, sizeof(sc));
+	se.fn = fn;
+	se.ctx = ctx;
+	se.n_done = 0;
+	se.cap_done = e->n_seqs;
+	se.done = g4_malloc((size_t) se.cap_done * sizeof(uint64_t));
+	if (!se.done)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+
+	rc = g4_schedule_step(e, &sc, step_event, &se, err);
+	if (rc == G4_OK && sc.n_items > 0)
+		rc = g4_schedule_meta(e, &sc, &meta, &extra, err);
+	if (rc == G4_OK && sc.n_items > 0)
+		rc = g4_model_forward(e->model, &e->ws, &meta, extra.n ? &extra : NULL, err);
+	if (rc == G4_OK && sc.n_items > 0 && meta.n_logits > 0)
+		rc = e->be->ops->download(e->be, e->logits_host, e->ws.logits,
+								  (size_t) meta.n_logits * (size_t) V * sizeof(float));
+	if (rc == G4_OK && sc.n_items > 0)
+		rc = e->be->ops->sync(e->be, err);
+	if (rc != G4_OK)
+	{
+		/* an engine-wide failure: every live request gets the error */
+		if (err->msg[0] == '\0')
+			g4_fail(err, rc, "%s", g4_status_name(rc));
+		fail_all(e, err, fn, ctx);
+		g4_schedule_free(&sc);
+		free(se.done);
+		return rc;
+	}
+
+	if (sc.n_items > 0)
+	{
+		const g4_model_config *c = &e->model->cfg;
+
+		e->stats.steps++;
+		e->stats.batch_seqs_sum += (uint64_t) sc.n_items;
+		e->stats.batch_seqs_max = G4_MAX(e->stats.batch_seqs_max, (uint64_t) sc.n_items);
+		e->stats.batch_tokens_max = G4_MAX(e->stats.batch_tokens_max, (uint64_t) sc.n_tokens);
+		for (i = 0; i < sc.n_items; i++)
+		{
+			g4_seq	   *s = sc.items[i].seq;
+			int			keep;
+
+			if (s->n_computed < s->n_prompt)
+				e->stats.tokens_prefilled += (uint64_t) G4_MIN(sc.items[i].count, s->n_prompt - s->n_computed);
+			s->n_computed += sc.items[i].count;
+			/* the next query is at n_computed: older blocks leave the window */
+			keep = s->n_computed - c->sliding_window + 1;
+			if (keep > 0 && s->slot >= 0)
+				g4_kvpool_trim_window(&e->kv, s->slot, keep, s->n_computed);
+		}
+		for (i = 0; i < meta.n_logits; i++)
+		{
+			g4_seq	   *s = e->st_logit_seq[i];
+			float	   *row = e->logits_host + (size_t) i * (size_t) V;
+			int32_t		id;
+
+			if (e->logits_hook)
+				e->logits_hook(e->hook_ctx, s->id, row, V);
+			id = g4_sample(row, V, &s->samp, s->has_hist ? &s->hist : NULL, c->suppress_ids, c->n_suppress,
+						   &s->rng, &e->scratch);
+			if (e->token_hook)
+				e->token_hook(e->hook_ctx, s->id, id);
+			g4_seq_emit_token(e, s, id, step_event, &se);
+		}
+	}
+	for (i = 0; i < se.n_done; i++)
+	{
+		int			k;
+
+		for (k = 0; k < e->n_seqs; k++)
+			if (e->seqs[k]->id == se.done[i])
+			{
+				remove_seq(e, e->seqs[k]);
+				break;
+			}
+	}
+	g4_schedule_free(&sc);
+	free(se.done);
+	return e->n_seqs;
+}
+
+void
+g4_stats_get(const g4_engine *e, g4_stats *st)
+{
+	int			g;
+	int			i;
+
+	*st = e->stats;
+	st->backend = e->be->ops->name;
+	st->device = e->device_name;
+	st->kv_dtype = e->kv_dtype_name;
+	st->n_groups = 0;
+	for (g = 0; g < G4_KVG_COUNT; g++)
+	{
+		g4_kv_group_stats *gs;
+
+		if (e->kv.desc.n_layers[g] == 0)
+			continue;
+		gs = &st->groups[st->n_groups++];
+		gs->name = g == G4_KVG_FULL ? "full" : "sliding";
+		gs->layers = e->kv.desc.n_layers[g];
+		gs->block_tokens = G4_KV_BLOCK_TOKENS;
+		gs->blocks_total = e->kv.n_blocks[g];
+		gs->blocks_used = e->kv.n_blocks[g] - e->kv.n_free[g];
+		gs->block_bytes = e->kv.block_bytes[g];
+	}
+	st->kv_bytes_total = e->kv.bytes_total;
+	st->weight_bytes = e->model->weight_bytes;
+	st->workspace_bytes = e->ws.bytes;
+	st->live_seqs = 0;
+	st->waiting_seqs = 0;
+	for (i = 0; i < e->n_seqs; i++)
+	{
+		if (e->seqs[i]->slot >= 0)
+			st->live_seqs++;
+		else
+			st->waiting_seqs++;
+	}
+	st->fit_full_context = G4_MIN(g4_kvpool_fit(&e->kv, e->max_model_len),
+								  (int64_t) (e->max_seqs - st->live_seqs));
+}
+
+int
+g4_seqs_get(const g4_engine *e, g4_seq_info *out, int max)
+{
+	int			i;
+	int			n = 0;
+
+	for (i = 0; i < e->n_seqs && n < max; i++)
+	{
+		const g4_seq *s = e->seqs[i];
+		g4_seq_info *o = &out[n++];
+
+		o->seq_id = s->id;
+		o->user_tag = s->user_tag;
+		o->state = s->slot < 0 ? G4_SEQ_WAITING : (s->n_computed < s->n_prompt ? G4_SEQ_PREFILL : G4_SEQ_DECODE);
+		o->prompt_tokens = s->n_prompt;
+		o->prefilled_tokens = G4_MIN(s->n_computed, s->n_prompt);
+		o->generated_tokens = s->n_generated;
+		o->kv_blocks = s->slot < 0 ? 0 :
+			g4_kvpool_slot_blocks(&e->kv, s->slot, G4_KVG_SLIDING, s->n_tok + 1) +
+			g4_kvpool_slot_blocks(&e->kv, s->slot, G4_KVG_FULL, s->n_tok + 1);
+		o->submitted_at = s->t_submit;
+		o->first_token_at = s->t_first;
+		o->last_token_at = s->t_last;
+	}
+	return n;
+}
+
+void
+g4_set_hooks(g4_engine *e, void (*logits_fn) (void *ctx, uint64_t seq_id, const float *logits, int vocab),
+			 void (*token_fn) (void *ctx, uint64_t seq_id, int32_t token), void *ctx)
+{
+	e->logits_hook = logits_fn;
+	e->token_hook = token_fn;
+	e->hook_ctx = ctx;
+}
+
+const g4_model *
+g4_engine_model(const g4_engine *e)
+{
+	return e->model;
+}
+
+const g4_tokenizer *
+g4_engine_tokenizer(const g4_engine *e)
+{
+	return e->tok;
+}

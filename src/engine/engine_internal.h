@@ -1,0 +1,170 @@
+/*
+ * engine_internal.h — the engine's private structures, shared by engine.c
+ * (lifecycle and API), seq.c (one request's life: prompt, sampling state,
+ * output text) and schedule.c (batching sequences into steps).
+ *
+ * Also the few entry points tests use beyond engine.h.
+ */
+#ifndef G4_ENGINE_INTERNAL_H
+#define G4_ENGINE_INTERNAL_H
+
+#include "chat.h"
+#include "kvpool.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+typedef struct g4_seq
+{
+	uint64_t	id;
+	uint64_t	user_tag;
+	int			state;			/* g4_seq_state */
+	int			slot;			/* row of the block tables while admitted, else -1 */
+	uint64_t	admit_order;	/* for preemption: youngest goes first */
+
+	/* tokens: the prompt followed by what was generated */
+	int32_t    *tok;
+	int			n_tok;
+	int			cap_tok;
+	int			n_prompt;
+	int			n_computed;		/* positions whose K/V are in the pool */
+	int			n_generated;
+	int			max_tokens;
+
+	/* multimodal prompt positions (NULL when text only) */
+	int32_t    *mm_block;		/* [n_prompt] bidirectional block id or -1 */
+	int32_t    *embed_pos;		/* prompt positions taking a precomputed row */
+	float	   *embed_rows;		/* [n_embeds][hidden] */
+	int			n_embeds;
+
+	/* sampling */
+	g4_sampling samp;
+	g4_rng		rng;
+	g4_token_hist hist;
+	int			has_hist;
+
+	/* output text */
+	g4_detok	detok;
+	g4_buf		piece;			/* text decoded by the current token */
+	g4_buf		held;			/* content text held back: may start a stop string */
+	char	  **stop;
+	int			n_stop;
+	int			channel;		/* g4_channel of the text being produced */
+	int			in_channel_header;	/* swallowing the channel name after <|channel> */
+	int			matched_stop;	/* a stop string ended the output: nothing more is shown */
+
+	/* timings (g4_now) */
+	double		t_submit;
+	double		t_first;
+	double		t_last;
+} g4_seq;
+
+struct g4_engine
+{
+	g4_options	opts;
+	g4_backend *be;
+	g4_model   *model;
+	g4_tokenizer *tok;
+	g4_chat_ids chat;
+	int			chat_ok;
+	g4_kvpool	kv;
+	g4_workspace ws;
+	int			max_model_len;
+	int			max_seqs;
+	int			max_batched;
+	int			max_logits;
+
+	int32_t		eos[G4_MAX_EOS + 4];
+	int			n_eos;
+	int32_t		channel_open;	/* <|channel> or -1 */
+	int32_t		channel_close;	/* <channel|> or -1 */
+
+	/* every live sequence, in arrival order */
+	g4_seq	  **seqs;
+	int			n_seqs;
+	int			cap_seqs;
+	uint8_t    *slot_used;
+	uint64_t	next_id;
+	uint64_t	next_admit;
+	g4_rng		seeder;
+
+	/* step buffers (host) */
+	int32_t    *st_token,
+			   *st_pos,
+			   *st_slot,
+			   *st_lo[G4_KVG_COUNT],
+			   *st_hi[G4_KVG_COUNT];
+	int32_t    *st_logit_rows;
+	g4_seq	  **st_logit_seq;	/* sequence of each logit row */
+	int32_t    *st_embed_index;
+	float	   *st_embed_rows;
+	int			st_cap_embeds;
+	float	   *logits_host;	/* [max_logits][vocab] */
+	g4_sampler_scratch scratch;
+
+	/* statistics */
+	g4_stats	stats;
+	char		device_name[160];
+	char		kv_dtype_name[32];
+
+	/* test hooks: every row of logits before sampling, every sampled id */
+	void		(*logits_hook) (void *ctx, uint64_t seq_id, const float *logits, int vocab);
+	void		(*token_hook) (void *ctx, uint64_t seq_id, int32_t token);
+	void	   *hook_ctx;
+};
+
+/* ---- seq.c ---- */
+g4_seq	   *g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err);
+void		g4_seq_free(g4_seq *s);
+int			g4_seq_append(g4_seq *s, int32_t id);
+/* Process a sampled token: text events, stop checks.  Returns 1 when the
+ * sequence finished (a G4_EV_FINISH was delivered). */
+int			g4_seq_emit_token(g4_engine *e, g4_seq *s, int32_t id, g4_event_fn fn, void *ctx);
+void		g4_seq_finish(g4_engine *e, g4_seq *s, int reason, g4_event_fn fn, void *ctx);
+void		g4_seq_fail(g4_engine *e, g4_seq *s, int code, const char *msg, g4_event_fn fn, void *ctx);
+
+/* ---- schedule.c ---- */
+typedef struct
+{
+	g4_seq	   *seq;
+	int			start;			/* first position fed this step */
+	int			count;			/* tokens fed */
+	int			wants_logits;
+} g4_sched_item;
+
+typedef struct
+{
+	g4_sched_item *items;
+	int			n_items;
+	int			cap_items;
+	int			n_tokens;
+	int			n_logits;
+} g4_schedule;
+
+/* Choose this step's work, admitting and preempting as needed, and allocate
+ * the KV blocks it writes. */
+int			g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_err *err);
+/* Fill the step metadata arrays for a schedule. */
+int			g4_schedule_meta(g4_engine *e, const g4_schedule *sc, g4_step_meta *meta,
+							 g4_embed_rows *extra, g4_err *err);
+void		g4_schedule_free(g4_schedule *sc);
+/* Release a sequence's slot and KV blocks. */
+void		g4_release_slot(g4_engine *e, g4_seq *s);
+
+/* ---- test entry points ---- */
+
+/* Submit token ids with precomputed embedding rows at some prompt positions
+ * (soft tokens) and the bidirectional block id of each prompt position. */
+int			g4_submit_embeds(g4_engine *e, const g4_request *req, int n_embeds,
+							 const int32_t *embed_pos, const float *embed_rows,
+							 const int32_t *mm_block, uint64_t *seq_id, g4_err *err);
+
+void		g4_set_hooks(g4_engine *e,
+						 void (*logits_fn) (void *ctx, uint64_t seq_id, const float *logits, int vocab),
+						 void (*token_fn) (void *ctx, uint64_t seq_id, int32_t token),
+						 void *ctx);
+
+const g4_model *g4_engine_model(const g4_engine *e);
+const g4_tokenizer *g4_engine_tokenizer(const g4_engine *e);
+
+#endif

@@ -1,0 +1,228 @@
+/*
+ * model.c — the decoder's forward pass over one scheduler step, expressed
+ * as backend operations, and the activation workspace it runs in.
+ *
+ * Per layer (Gemma 4; Gemma 3 differs only through the configuration):
+ *   h = rmsnorm(x) ; q|k|v = h·Wqkvᵀ
+ *   q = rope(qnorm(q)) ; k = rope(knorm(k)) ; v = vnorm(v)   (k_eq_v: v = vnorm(k))
+ *   store k, v in the pool ; a = attention(q, pool)
+ *   x = x + postnorm(a·Woᵀ)
+ *   x = (x + postffnnorm(down(gelu(gate(h')) * up(h')))) * layer_scalar,
+ *       h' = preffnnorm(x)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "util.h"
+
+/* The gate/up buffer of one MLP slice is bounded by this many bytes. */
+#define MLP_SLICE_BYTES ((size_t) 256 << 20)
+
+static int
+max_qkv_width(const g4_model_config *c, int *q_max)
+{
+	int			w = 0;
+	int			t;
+
+	*q_max = 0;
+	for (t = 0; t < 2; t++)
+	{
+		const g4_attn_type *a = &c->attn[t];
+		int			q = c->n_heads * a->head_dim;
+		int			kv = a->n_kv_heads * a->head_dim;
+		int			width = q + kv * (a->k_eq_v ? 1 : 2);
+
+		w = G4_MAX(w, width);
+		*q_max = G4_MAX(*q_max, q);
+	}
+	return w;
+}
+
+static int
+mlp_rows_for(const g4_model_config *c, int max_tokens)
+{
+	size_t		per_row = (size_t) c->intermediate_size * 3 * sizeof(float);
+	size_t		rows = MLP_SLICE_BYTES / per_row;
+
+	if (rows < 1)
+		rows = 1;
+	return (int) G4_MIN((size_t) max_tokens, rows);
+}
+
+size_t
+g4_workspace_bytes(const g4_model_config *c, int max_tokens, int max_logits)
+{
+	size_t		T = (size_t) max_tokens;
+	size_t		H = (size_t) c->hidden_size;
+	size_t		F = (size_t) c->intermediate_size;
+	size_t		M = (size_t) mlp_rows_for(c, max_tokens);
+	int			q_max;
+	size_t		w = (size_t) max_qkv_width(c, &q_max);
+
+	return sizeof(float) * (2 * T * H + T * w + T * (size_t) q_max + M * 3 * F +
+							(size_t) max_logits * (H + (size_t) c->vocab_size));
+}
+
+int
+g4_workspace_init(g4_model *m, int max_tokens, int max_logits, g4_workspace *ws, g4_err *err)
+{
+	const g4_model_config *c = &m->cfg;
+	g4_backend *be = m->be;
+	size_t		T = (size_t) max_tokens;
+	size_t		H = (size_t) c->hidden_size;
+	size_t		F = (size_t) c->intermediate_size;
+	int			q_max;
+	size_t		w = (size_t) max_qkv_width(c, &q_max);
+	struct
+	{
+		float	  **p;
+		size_t		n;
+	}			bufs[8];
+	size_t		k;
+
+	memset(ws, 0, sizeof(*ws));
+	ws->max_tokens = max_tokens;
+	ws->max_logits = max_logits;
+	ws->mlp_rows = mlp_rows_for(c, max_tokens);
+	bufs[0].p = &ws->x, bufs[0].n = T * H;
+	bufs[1].p = &ws->h, bufs[1].n = T * H;
+	bufs[2].p = &ws->qkv, bufs[2].n = T * w;
+	bufs[3].p = &ws->attn, bufs[3].n = T * (size_t) q_max;
+	bufs[4].p = &ws->gu, bufs[4].n = (size_t) ws->mlp_rows * 2 * F;
+	bufs[5].p = &ws->act, bufs[5].n = (size_t) ws->mlp_rows * F;
+	bufs[6].p = &ws->lx, bufs[6].n = (size_t) max_logits * H;
+	bufs[7].p = &ws->logits, bufs[7].n = (size_t) max_logits * (size_t) c->vocab_size;
+	for (k = 0; k < G4_ARRAY_LEN(bufs); k++)
+	{
+		*bufs[k].p = be->ops->alloc(be, bufs[k].n * sizeof(float));
+		if (!*bufs[k].p)
+		{
+			g4_workspace_free(m, ws);
+			return g4_fail(err, G4_ERR_NOMEM,
+						   "out of %s memory for the activation workspace (%zu MiB for %d tokens per step)",
+						   be->ops->name, g4_workspace_bytes(c, max_tokens, max_logits) >> 20, max_tokens);
+		}
+		ws->bytes += bufs[k].n * sizeof(float);
+	}
+	return G4_OK;
+}
+
+void
+g4_workspace_free(g4_model *m, g4_workspace *ws)
+{
+	float	   *ps[] = {ws->x, ws->h, ws->qkv, ws->attn, ws->gu, ws->act, ws->lx, ws->logits};
+	size_t		k;
+
+	for (k = 0; k < G4_ARRAY_LEN(ps); k++)
+		if (ps[k])
+			m->be->ops->free(m->be, ps[k]);
+	memset(ws, 0, sizeof(*ws));
+}
+
+/* Stop at the first failing operation (its code is returned). */
+#define TRY(call) do { int _rc = (call); if (_rc != G4_OK) \
+	return g4_fail(err, _rc, "%s backend: %s failed", be->ops->name, #call); } while (0)
+
+static int
+attention_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int T, g4_err *err)
+{
+	const g4_model_config *c = &m->cfg;
+	g4_backend *be = m->be;
+	const g4_kv_layer *kv = &ly->kv;
+	int			hd = kv->head_dim;
+	int			stride = ly->q_dim + ly->kv_dim * (kv->k_eq_v ? 1 : 2);
+	float	   *q = ws->qkv;
+	float	   *k = ws->qkv + ly->q_dim;
+	float	   *v = k + ly->kv_dim;
+	float		eps = (float) c->rms_eps;
+
+	TRY(be->ops->rmsnorm(be, ws->x, ly->attn_norm, T, c->hidden_size, eps, ws->h));
+	TRY(be->ops->matmul(be, ly->qkv, ws->h, T, ws->qkv));
+	TRY(be->ops->head_norm_rope(be, q, T, stride, c->n_heads, hd, ly->q_norm, eps, kv->inv_freq));
+	if (kv->k_eq_v)
+	{
+		/* V is the raw key normalised without weight; K is rebuilt from it
+		 * inside attention, so only V is stored */
+		TRY(be->ops->head_norm_rope(be, k, T, stride, kv->n_kv_heads, hd, NULL, eps, NULL));
+		TRY(be->ops->kv_store(be, kv, NULL, 0, k, stride, T));
+	}
+	else
+	{
+		TRY(be->ops->head_norm_rope(be, k, T, stride, kv->n_kv_heads, hd, ly->k_norm, eps, kv->inv_freq));
+		if (c->v_norm)
+			TRY(be->ops->head_norm_rope(be, v, T, stride, kv->n_kv_heads, hd, NULL, eps, NULL));
+		TRY(be->ops->kv_store(be, kv, k, stride, v, stride, T));
+	}
+	TRY(be->ops->attention(be, kv, q, stride, T, ws->attn));
+	TRY(be->ops->matmul(be, ly->o, ws->attn, T, ws->h));
+	TRY(be->ops->add_rmsnorm(be, ws->x, ws->h, ly->post_attn_norm, T, c->hidden_size, eps, 1.0f));
+	return G4_OK;
+}
+
+static int
+mlp_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int T, g4_err *err)
+{
+	const g4_model_config *c = &m->cfg;
+	g4_backend *be = m->be;
+	size_t		H = (size_t) c->hidden_size;
+	float		eps = (float) c->rms_eps;
+	int			r0;
+
+	/* row-local work: processed in slices to bound the gate/up buffer */
+	for (r0 = 0; r0 < T; r0 += ws->mlp_rows)
+	{
+		int			rows = G4_MIN(ws->mlp_rows, T - r0);
+		float	   *hx = ws->h + (size_t) r0 * H;
+
+		TRY(be->ops->rmsnorm(be, ws->x + (size_t) r0 * H, ly->pre_ffn_norm, rows, c->hidden_size, eps, hx));
+		TRY(be->ops->matmul(be, ly->gate_up, hx, rows, ws->gu));
+		TRY(be->ops->geglu(be, ws->gu, rows, c->intermediate_size, ws->act));
+		TRY(be->ops->matmul(be, ly->down, ws->act, rows, hx));
+	}
+	TRY(be->ops->add_rmsnorm(be, ws->x, ws->h, ly->post_ffn_norm, T, c->hidden_size, eps, ly->layer_scalar));
+	return G4_OK;
+}
+
+int
+g4_model_forward(g4_model *m, g4_workspace *ws, const g4_step_meta *meta,
+				 const g4_embed_rows *extra, g4_err *err)
+{
+	const g4_model_config *c = &m->cfg;
+	g4_backend *be = m->be;
+	int			T = meta->n_tokens;
+	size_t		H = (size_t) c->hidden_size;
+	int			i;
+
+	if (T <= 0 || T > ws->max_tokens || meta->n_logits > ws->max_logits)
+		return g4_fail(err, G4_ERR_INTERNAL, "step of %d tokens / %d logit rows exceeds the workspace (%d / %d)",
+					   T, meta->n_logits, ws->max_tokens, ws->max_logits);
+	TRY(be->ops->step_begin(be, meta));
+	TRY(be->ops->embed(be, m->embed, m->embed_scale, ws->x));
+	if (extra)
+	{
+		/* soft tokens are placed unscaled, after the table lookup */
+		for (i = 0; i < extra->n; i++)
+			TRY(be->ops->upload(be, ws->x + (size_t) extra->row_index[i] * H,
+								extra->rows + (size_t) i * H, H * sizeof(float)));
+	}
+	for (i = 0; i < c->n_layers; i++)
+	{
+		const g4_layer *ly = &m->layers[i];
+
+		if (attention_block(m, ws, ly, T, err) != G4_OK || mlp_block(m, ws, ly, T, err) != G4_OK)
+			return g4_fail_ctx(err, "layer %d", i);
+	}
+	if (meta->n_logits > 0)
+	{
+		TRY(be->ops->gather_logit_rows(be, ws->x, c->hidden_size, ws->lx));
+		TRY(be->ops->rmsnorm(be, ws->lx, m->final_norm, meta->n_logits, c->hidden_size, (float) c->rms_eps,
+							 ws->lx));
+		TRY(be->ops->matmul(be, m->embed, ws->lx, meta->n_logits, ws->logits));
+		if (c->final_softcap > 0)
+			TRY(be->ops->softcap(be, ws->logits, (size_t) meta->n_logits * (size_t) c->vocab_size,
+								 (float) c->final_softcap));
+	}
+	return G4_OK;
+}

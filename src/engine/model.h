@@ -1,0 +1,88 @@
+/*
+ * model.h — a loaded decoder: configuration, weights on the backend, and the
+ * forward pass of one scheduler step.
+ */
+#ifndef G4_MODEL_H
+#define G4_MODEL_H
+
+#include "backend.h"
+#include "config.h"
+
+typedef struct
+{
+	g4_weight  *qkv;			/* [q; k; v] fused along the output (no v when k_eq_v) */
+	g4_weight  *o;
+	g4_weight  *gate_up;		/* [gate; up] */
+	g4_weight  *down;
+	float	   *attn_norm;		/* device f32 [hidden]; all norms already include +1 where the checkpoint stores w-1 */
+	float	   *post_attn_norm;
+	float	   *pre_ffn_norm;
+	float	   *post_ffn_norm;
+	float	   *q_norm;			/* device f32 [head_dim] */
+	float	   *k_norm;
+	float		layer_scalar;
+	int			q_dim;			/* n_heads * head_dim */
+	int			kv_dim;			/* n_kv_heads * head_dim */
+	g4_kv_layer kv;				/* this layer's view of the KV pool */
+} g4_layer;
+
+typedef struct g4_model
+{
+	g4_model_config cfg;
+	g4_backend *be;
+	g4_weight  *embed;			/* [vocab][hidden], also the tied LM head */
+	float	   *final_norm;
+	float	   *inv_freq[2];	/* device, [head_dim/2] per attention type */
+	float		embed_scale;
+	g4_layer   *layers;
+	size_t		weight_bytes;	/* device bytes of all weights */
+	int64_t		n_params;
+	/* checkpoint sources kept open: CPU weights point into their mappings */
+	struct g4_safetensors *st;
+	struct g4_gguf *gguf;
+} g4_model;
+
+/* Load a model directory (safetensors) or .gguf file onto a backend. */
+int			g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose,
+						  g4_err *err);
+void		g4_model_free(g4_model *m);
+
+/* Activation buffers for steps of up to max_tokens rows and max_logits
+ * logit rows. */
+typedef struct
+{
+	int			max_tokens;
+	int			max_logits;
+	int			mlp_rows;		/* rows per MLP slice (bounds the gate/up buffer) */
+	float	   *x;				/* [T][H] residual stream */
+	float	   *h;				/* [T][H] */
+	float	   *qkv;			/* [T][q+k+v] */
+	float	   *attn;			/* [T][q_dim] */
+	float	   *gu;				/* [mlp_rows][2F] */
+	float	   *act;			/* [mlp_rows][F] */
+	float	   *lx;				/* [max_logits][H] */
+	float	   *logits;			/* [max_logits][V] */
+	size_t		bytes;
+} g4_workspace;
+
+int			g4_workspace_init(g4_model *m, int max_tokens, int max_logits, g4_workspace *ws,
+							  g4_err *err);
+void		g4_workspace_free(g4_model *m, g4_workspace *ws);
+/* Bytes g4_workspace_init would allocate. */
+size_t		g4_workspace_bytes(const g4_model_config *c, int max_tokens, int max_logits);
+
+/* Embedding rows supplied instead of token lookups (image/audio soft
+ * tokens): rows[i] goes to step row row_index[i]. Host memory. */
+typedef struct
+{
+	int			n;
+	const int32_t *row_index;
+	const float *rows;			/* [n][hidden] */
+} g4_embed_rows;
+
+/* Run one step (metadata already described by meta) and leave the logits of
+ * meta->logit_rows in ws->logits (device). */
+int			g4_model_forward(g4_model *m, g4_workspace *ws, const g4_step_meta *meta,
+							 const g4_embed_rows *extra, g4_err *err);
+
+#endif

@@ -1,0 +1,370 @@
+/*
+ * schedule.c — continuous batching: which sequences run in the next step and
+ * with how many tokens, the KV blocks they need, and the step's metadata.
+ *
+ * Policy (one step, a budget of max_num_batched_tokens tokens):
+ *  1. every admitted sequence that is decoding gets its one token;
+ *  2. admitted sequences still prefilling get chunks of their prompt, oldest
+ *     first, never splitting an image's block of soft tokens (its tokens
+ *     attend to each other, so they must be in the pool together);
+ *  3. waiting sequences are admitted in arrival order while a slot, budget
+ *     and KV blocks are available; the first that does not fit stops
+ *     admission, so nobody starves.
+ * When a running sequence needs a block and the pool is empty, the most
+ * recently admitted sequence is preempted: its blocks are freed and it goes
+ * back to waiting, to be recomputed from its tokens later.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "util.h"
+
+void
+g4_schedule_free(g4_schedule *sc)
+{
+	free(sc->items);
+	memset(sc, 0, sizeof(*sc));
+}
+
+void
+g4_release_slot(g4_engine *e, g4_seq *s)
+{
+	if (s->slot < 0)
+		return;
+	g4_kvpool_release(&e->kv, s->slot, s->n_tok + 1);
+	e->slot_used[s->slot] = 0;
+	s->slot = -1;
+}
+
+static int
+add_item(g4_schedule *sc, g4_seq *s, int start, int count, int wants_logits)
+{
+	if (sc->n_items == sc->cap_items)
+	{
+		int			cap = sc->cap_items ? sc->cap_items * 2 : 32;
+		g4_sched_item *p = realloc(sc->items, (size_t) cap * sizeof(g4_sched_item));
+
+		if (!p)
+			return G4_ERR_NOMEM;
+		sc->items = p;
+		sc->cap_items = cap;
+	}
+	sc->items[sc->n_items].seq = s;
+	sc->items[sc->n_items].start = start;
+	sc->items[sc->n_items].count = count;
+	sc->items[sc->n_items].wants_logits = wants_logits;
+	sc->n_items++;
+	sc->n_tokens += count;
+	sc->n_logits += wants_logits;
+	return G4_OK;
+}
+
+static int
+scheduled(const g4_schedule *sc, const g4_seq *s)
+{
+	int			i;
+
+	for (i = 0; i < sc->n_items; i++)
+		if (sc->items[i].seq == s)
+			return 1;
+	return 0;
+}
+
+static void
+preempt(g4_engine *e, g4_seq *s)
+{
+	g4_release_slot(e, s);
+	s->n_computed = 0;
+	s->state = G4_SEQ_WAITING;
+}
+
+/* The youngest admitted sequence not yet part of this step, or NULL. */
+static g4_seq *
+preemption_victim(g4_engine *e, const g4_schedule *sc, const g4_seq *except)
+{
+	g4_seq	   *victim = NULL;
+	int			i;
+
+	for (i = 0; i < e->n_seqs; i++)
+	{
+		g4_seq	   *s = e->seqs[i];
+
+		if (s->slot < 0 || s == except || scheduled(sc, s))
+			continue;
+		if (!victim || s->admit_order > victim->admit_order)
+			victim = s;
+	}
+	return victim;
+}
+
+/* Make [from, to) of s writable, preempting younger sequences if needed. */
+static int
+reserve(g4_engine *e, g4_schedule *sc, g4_seq *s, int from, int to)
+{
+	for (;;)
+	{
+		int			rc = g4_kvpool_ensure(&e->kv, s->slot, from, to);
+		g4_seq	   *victim;
+
+		if (rc != G4_ERR_BUSY)
+			return rc;
+		victim = preemption_victim(e, sc, s);
+		if (!victim || victim->admit_order < s->admit_order)
+			return G4_ERR_BUSY;
+		preempt(e, victim);
+	}
+}
+
+/* Largest chunk <= want starting at `from` that does not split a block of
+ * soft tokens; 0 when the block at `from` does not fit. */
+static int
+chunk_size(const g4_seq *s, int from, int want)
+{
+	int			end = from + want;
+
+	if (!s->mm_block || end >= s->n_prompt || end <= from)
+		return want;
+	if (s->mm_block[end] >= 0 && s->mm_block[end - 1] == s->mm_block[end])
+	{
+		int			b = s->mm_block[end];
+
+		while (end > from && s->mm_block[end - 1] == b)
+			end--;
+	}
+	return end - from;
+}
+
+static int
+cmp_admit(const void *a, const void *b)
+{
+	const g4_seq *x = *(g4_seq * const *) a;
+	const g4_seq *y = *(g4_seq * const *) b;
+
+	return x->admit_order < y->admit_order ? -1 : (x->admit_order > y->admit_order);
+}
+
+int
+g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_err *err)
+{
+	int			budget = e->max_batched;
+	g4_seq	  **running;
+	int			n_running = 0;
+	int			i;
+	int			pass;
+
+	sc->n_items = 0;
+	sc->n_tokens = 0;
+	sc->n_logits = 0;
+	running = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(g4_seq *));
+	if (!running)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	for (i = 0; i < e->n_seqs; i++)
+		if (e->seqs[i]->slot >= 0)
+			running[n_running++] = e->seqs[i];
+	qsort(running, (size_t) n_running, sizeof(g4_seq *), cmp_admit);
+
+	/* pass 0: decodes, pass 1: prefill chunks, oldest first */
+	for (pass = 0; pass < 2; pass++)
+		for (i = 0; i < n_running && budget > 0; i++)
+		{
+			g4_seq	   *s = running[i];
+			int			remaining = s->n_tok - s->n_computed;
+			int			count;
+			int			rc;
+
+			if (s->slot < 0 || remaining <= 0 || (pass == 0) != (remaining == 1))
+				continue;		/* preempted meanwhile, or not this pass */
+			count = chunk_size(s, s->n_computed, G4_MIN(remaining, budget));
+			if (count <= 0)
+				continue;
+			rc = reserve(e, sc, s, s->n_computed, s->n_computed + count);
+			if (rc == G4_ERR_BUSY)
+			{
+				/* nothing younger to evict: this one waits its turn again */
+				preempt(e, s);
+				continue;
+			}
+			if (rc != G4_OK)
+			{
+				free(running);
+				return g4_fail(err, rc, "cannot allocate KV blocks");
+			}
+			if (add_item(sc, s, s->n_computed, count, s->n_computed + count == s->n_tok) != G4_OK)
+			{
+				free(running);
+				return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+			}
+			s->state = remaining == 1 ? G4_SEQ_DECODE : G4_SEQ_PREFILL;
+			budget -= count;
+		}
+	free(running);
+
+	/* admission, in arrival order */
+	for (i = 0; i < e->n_seqs && budget > 0; i++)
+	{
+		g4_seq	   *s = e->seqs[i];
+		int			slot;
+		int			count;
+		int			rc;
+
+		if (s->slot >= 0 || scheduled(sc, s))
+			continue;
+		for (slot = 0; slot < e->max_seqs && e->slot_used[slot]; slot++)
+			;
+		if (slot == e->max_seqs)
+			break;
+		count = chunk_size(s, 0, G4_MIN(s->n_tok, budget));
+		if (count <= 0)
+			break;
+		s->slot = slot;
+		rc = g4_kvpool_ensure(&e->kv, slot, 0, count);
+		if (rc != G4_OK)
+		{
+			s->slot = -1;
+			if (rc == G4_ERR_BUSY)
+				break;
+			return g4_fail(err, rc, "cannot allocate KV blocks");
+		}
+		e->slot_used[slot] = 1;
+		s->admit_order = ++e->next_admit;
+		s->n_computed = 0;
+		s->state = G4_SEQ_PREFILL;
+		if (add_item(sc, s, 0, count, count == s->n_tok) != G4_OK)
+			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		budget -= count;
+	}
+	(void) fn;
+	(void) ctx;
+	return G4_OK;
+}
+
+static int
+ensure_embed_cap(g4_engine *e, int n)
+{
+	size_t		H = (size_t) e->model->cfg.hidden_size;
+
+	if (n <= e->st_cap_embeds)
+		return G4_OK;
+	{
+		int32_t    *ix = realloc(e->st_embed_index, (size_t) n * sizeof(int32_t));
+		float	   *rows;
+
+		if (!ix)
+			return G4_ERR_NOMEM;
+		e->st_embed_index = ix;
+		rows = realloc(e->st_embed_rows, (size_t) n * H * sizeof(float));
+		if (!rows)
+			return G4_ERR_NOMEM;
+		e->st_embed_rows = rows;
+		e->st_cap_embeds = n;
+	}
+	return G4_OK;
+}
+
+int
+g4_schedule_meta(g4_engine *e, const g4_schedule *sc, g4_step_meta *meta, g4_embed_rows *extra, g4_err *err)
+{
+	const g4_model_config *c = &e->model->cfg;
+	int			W = c->sliding_window;
+	int			mask_b = e->opts.mask_variant == G4_MASK_B;
+	size_t		H = (size_t) c->hidden_size;
+	int			row = 0;
+	int			n_logit = 0;
+	int			n_extra = 0;
+	int			k;
+
+	for (k = 0; k < sc->n_items; k++)
+	{
+		const g4_sched_item *it = &sc->items[k];
+		const g4_seq *s = it->seq;
+		int			blk_s = -1,
+					blk_e = -1;
+		int			p;
+
+		for (p = it->start; p < it->start + it->count; p++, row++)
+		{
+			int			b = (s->mm_block && c->bidirectional_vision && p < s->n_prompt) ? s->mm_block[p] : -1;
+			int			ev = -1;
+			int			lo_s,
+						hi_s,
+						hi_f;
+
+			e->st_token[row] = s->tok[p];
+			e->st_pos[row] = p;
+			e->st_slot[row] = s->slot;
+			if (s->n_embeds > 0 && p < s->n_prompt)
+			{
+				int			j;
+
+				/* embed_pos is sorted: find the row for position p */
+				for (j = 0; j < s->n_embeds; j++)
+					if (s->embed_pos[j] == p)
+					{
+						ev = j;
+						break;
+					}
+			}
+			if (ev >= 0)
+			{
+				if (ensure_embed_cap(e, n_extra + 1) != G4_OK)
+					return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+				e->st_token[row] = -1;
+				e->st_embed_index[n_extra] = row;
+				memcpy(e->st_embed_rows + (size_t) n_extra * H, s->embed_rows + (size_t) ev * H, H * sizeof(float));
+				n_extra++;
+			}
+			if (b >= 0 && (blk_s < 0 || p >= blk_e))
+			{
+				/* extent of this bidirectional block of soft tokens */
+				blk_s = p;
+				while (blk_s > 0 && s->mm_block[blk_s - 1] == b)
+					blk_s--;
+				blk_e = p + 1;
+				while (blk_e < s->n_prompt && s->mm_block[blk_e] == b)
+					blk_e++;
+			}
+			lo_s = G4_MAX(0, p - W + 1);
+			hi_s = p + 1;
+			hi_f = p + 1;
+			if (b >= 0)
+			{
+				/* variant A ORs the block onto both layer kinds after the
+				 * window; variant B keeps full layers causal and bounds the
+				 * block by the window */
+				hi_s = G4_MAX(hi_s, blk_e);
+				if (!mask_b)
+				{
+					lo_s = G4_MAX(0, G4_MIN(lo_s, blk_s));
+					hi_f = G4_MAX(hi_f, blk_e);
+				}
+			}
+			e->st_lo[G4_KVG_SLIDING][row] = lo_s;
+			e->st_hi[G4_KVG_SLIDING][row] = hi_s;
+			e->st_lo[G4_KVG_FULL][row] = 0;
+			e->st_hi[G4_KVG_FULL][row] = hi_f;
+		}
+		if (it->wants_logits)
+		{
+			e->st_logit_rows[n_logit] = row - 1;
+			e->st_logit_seq[n_logit] = it->seq;
+			n_logit++;
+		}
+	}
+	memset(meta, 0, sizeof(*meta));
+	meta->n_tokens = row;
+	meta->token = e->st_token;
+	meta->pos = e->st_pos;
+	meta->slot = e->st_slot;
+	for (k = 0; k < G4_KVG_COUNT; k++)
+	{
+		meta->lo[k] = e->st_lo[k];
+		meta->hi[k] = e->st_hi[k];
+	}
+	meta->n_logits = n_logit;
+	meta->logit_rows = e->st_logit_rows;
+	extra->n = n_extra;
+	extra->row_index = e->st_embed_index;
+	extra->rows = e->st_embed_rows;
+	return G4_OK;
+}

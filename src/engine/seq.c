@@ -1,0 +1,404 @@
+/*
+ * seq.c — one request's life in the engine: its prompt (raw text, chat
+ * messages or token ids), validation against the window and the pool, its
+ * sampling state, and the text it produces (streaming detokenisation, the
+ * reasoning channel, stop strings, end conditions).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "util.h"
+
+int
+g4_seq_append(g4_seq *s, int32_t id)
+{
+	if (s->n_tok == s->cap_tok)
+	{
+		int			cap = s->cap_tok ? s->cap_tok * 2 : 64;
+		int32_t    *p = realloc(s->tok, (size_t) cap * sizeof(int32_t));
+
+		if (!p)
+			return G4_ERR_NOMEM;
+		s->tok = p;
+		s->cap_tok = cap;
+	}
+	s->tok[s->n_tok++] = id;
+	return G4_OK;
+}
+
+void
+g4_seq_free(g4_seq *s)
+{
+	int			i;
+
+	if (!s)
+		return;
+	free(s->tok);
+	free(s->mm_block);
+	free(s->embed_pos);
+	free(s->embed_rows);
+	g4_hist_free(&s->hist);
+	g4_buf_free(&s->piece);
+	g4_buf_free(&s->held);
+	for (i = 0; i < s->n_stop; i++)
+		free(s->stop[i]);
+	free(s->stop);
+	free(s);
+}
+
+static int
+build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
+{
+	int			vocab = e->model->cfg.vocab_size;
+	int			i;
+
+	switch (req->input_kind)
+	{
+		case G4_INPUT_TEXT:
+			if (!req->prompt || req->prompt[0] == '\0')
+				return g4_fail(err, G4_ERR_INVALID, "the prompt is empty");
+			return g4_tok_encode(e->tok, req->prompt, strlen(req->prompt), 1, &s->tok, &s->n_tok,
+								 &s->cap_tok, err);
+		case G4_INPUT_CHAT:
+			if (!e->chat_ok)
+				return g4_fail(err, G4_ERR_UNSUPPORTED, "this model's tokenizer lacks the chat format's tokens");
+			if (req->n_messages <= 0 || !req->messages)
+				return g4_fail(err, G4_ERR_INVALID, "a chat request needs at least one message");
+			for (i = 0; i < req->n_messages; i++)
+			{
+				const g4_message *m = &req->messages[i];
+
+				if (m->role < G4_ROLE_SYSTEM || m->role > G4_ROLE_MODEL)
+					return g4_fail(err, G4_ERR_INVALID, "message %d has an unknown role", i + 1);
+				if (!m->parts && !m->content)
+					return g4_fail(err, G4_ERR_INVALID, "message %d has no content", i + 1);
+				if (m->role == G4_ROLE_SYSTEM && i > 0)
+					return g4_fail(err, G4_ERR_INVALID, "a system message may only come first (message %d)", i + 1);
+			}
+			return g4_chat_encode(e->tok, &e->chat, req->messages, req->n_messages, req->enable_thinking, 1,
+								  &s->tok, &s->n_tok, &s->cap_tok, err);
+		case G4_INPUT_TOKENS:
+			if (req->n_tokens <= 0 || !req->tokens)
+				return g4_fail(err, G4_ERR_INVALID, "the prompt has no tokens");
+			for (i = 0; i < req->n_tokens; i++)
+			{
+				if (req->tokens[i] < 0 || req->tokens[i] >= vocab)
+					return g4_fail(err, G4_ERR_INVALID, "token id %d at position %d is outside the vocabulary (0..%d)",
+								   req->tokens[i], i, vocab - 1);
+				if (g4_seq_append(s, req->tokens[i]) != G4_OK)
+					return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+			}
+			return G4_OK;
+	}
+	return g4_fail(err, G4_ERR_INVALID, "unknown input kind %d", req->input_kind);
+}
+
+g4_seq *
+g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
+{
+	g4_seq	   *s = g4_calloc(1, sizeof(g4_seq));
+	int			window = e->max_model_len;
+	int			i;
+
+	if (!s)
+	{
+		g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	s->slot = -1;
+	s->state = G4_SEQ_WAITING;
+	s->samp = req->sampling;
+	if (g4_sampling_validate(&s->samp, err) != G4_OK || build_prompt(e, s, req, err) != G4_OK)
+	{
+		g4_seq_free(s);
+		return NULL;
+	}
+	s->n_prompt = s->n_tok;
+	if (s->n_prompt >= window)
+	{
+		g4_fail(err, G4_ERR_TOO_LONG,
+				"the prompt has %d tokens but the context window (max_model_len) is %d, leaving no room to generate",
+				s->n_prompt, window);
+		g4_seq_free(s);
+		return NULL;
+	}
+	if (req->max_tokens < 0)
+	{
+		g4_fail(err, G4_ERR_INVALID, "max_tokens must be positive (got %d)", req->max_tokens);
+		g4_seq_free(s);
+		return NULL;
+	}
+	s->max_tokens = req->max_tokens > 0 ? req->max_tokens : window - s->n_prompt;
+	if (s->n_prompt + s->max_tokens > window)
+	{
+		g4_fail(err, G4_ERR_TOO_LONG,
+				"the context window (max_model_len) is %d tokens, but %d were requested (%d in the prompt, %d to generate)",
+				window, s->n_prompt + s->max_tokens, s->n_prompt, s->max_tokens);
+		g4_seq_free(s);
+		return NULL;
+	}
+	{
+		/* a request the pool could never hold, even alone, is refused now
+		 * rather than left waiting forever */
+		int			need = G4_DIV_UP(s->n_prompt + s->max_tokens, G4_KV_BLOCK_TOKENS);
+
+		if (e->kv.desc.n_layers[G4_KVG_FULL] > 0 && need > e->kv.n_blocks[G4_KVG_FULL])
+		{
+			g4_fail(err, G4_ERR_TOO_LONG,
+					"%d tokens need %d KV blocks but the pool has %d (%d tokens); lower max_tokens or raise the KV pool size",
+					s->n_prompt + s->max_tokens, need, e->kv.n_blocks[G4_KVG_FULL],
+					e->kv.n_blocks[G4_KVG_FULL] * G4_KV_BLOCK_TOKENS);
+			g4_seq_free(s);
+			return NULL;
+		}
+	}
+	if (req->n_stop > 0)
+	{
+		s->stop = g4_calloc((size_t) req->n_stop, sizeof(char *));
+		if (!s->stop)
+		{
+			g4_fail(err, G4_ERR_NOMEM, "out of memory");
+			g4_seq_free(s);
+			return NULL;
+		}
+		for (i = 0; i < req->n_stop; i++)
+		{
+			if (!req->stop[i] || req->stop[i][0] == '\0')
+			{
+				g4_fail(err, G4_ERR_INVALID, "stop string %d is empty", i + 1);
+				g4_seq_free(s);
+				return NULL;
+			}
+			s->stop[i] = g4_strdup(req->stop[i]);
+			s->n_stop = i + 1;
+			if (!s->stop[i])
+			{
+				g4_fail(err, G4_ERR_NOMEM, "out of memory");
+				g4_seq_free(s);
+				return NULL;
+			}
+		}
+	}
+	if (g4_sampling_needs_hist(&s->samp))
+	{
+		if (g4_hist_init(&s->hist, e->model->cfg.vocab_size, s->tok, s->n_prompt) != G4_OK)
+		{
+			g4_fail(err, G4_ERR_NOMEM, "out of memory");
+			g4_seq_free(s);
+			return NULL;
+		}
+		s->has_hist = 1;
+	}
+	g4_rng_seed(&s->rng, s->samp.has_seed ? s->samp.seed : g4_rng_next(&e->seeder));
+	g4_detok_init(&s->detok, e->tok, 1);
+	s->channel = G4_CHANNEL_CONTENT;
+	s->user_tag = req->user_tag;
+	s->t_submit = g4_now();
+	return s;
+}
+
+static void
+emit_text(g4_seq *s, const char *text, size_t len, int channel, g4_event_fn fn, void *ctx)
+{
+	g4_event	ev;
+
+	if (len == 0)
+		return;
+	memset(&ev, 0, sizeof(ev));
+	ev.kind = G4_EV_TEXT;
+	ev.seq_id = s->id;
+	ev.text = text;
+	ev.text_len = len;
+	ev.channel = channel;
+	fn(ctx, &ev);
+}
+
+/* Length of the longest suffix of text that is a proper prefix of a stop
+ * string: that much must be held back. */
+static size_t
+stop_holdback(const g4_seq *s, const char *text, size_t len)
+{
+	size_t		best = 0;
+	int			i;
+
+	for (i = 0; i < s->n_stop; i++)
+	{
+		size_t		sl = strlen(s->stop[i]);
+		size_t		k;
+
+		for (k = G4_MIN(sl - 1, len); k > best; k--)
+			if (memcmp(text + len - k, s->stop[i], k) == 0)
+			{
+				best = k;
+				break;
+			}
+	}
+	return best;
+}
+
+/* Add content text; returns 1 when a stop string matched. */
+static int
+add_content(g4_seq *s, const char *text, size_t len, g4_event_fn fn, void *ctx)
+{
+	size_t		hold;
+	int			i;
+
+	if (s->n_stop == 0)
+	{
+		emit_text(s, text, len, G4_CHANNEL_CONTENT, fn, ctx);
+		return 0;
+	}
+	if (g4_buf_append(&s->held, text, len) != G4_OK)
+		return 0;
+	{
+		const char *first = NULL;
+
+		for (i = 0; i < s->n_stop; i++)
+		{
+			const char *m = s->held.len ? memmem(s->held.data, s->held.len, s->stop[i], strlen(s->stop[i])) : NULL;
+
+			if (m && (!first || m < first))
+				first = m;
+		}
+		if (first)
+		{
+			emit_text(s, s->held.data, (size_t) (first - s->held.data), G4_CHANNEL_CONTENT, fn, ctx);
+			s->held.len = 0;
+			s->matched_stop = 1;
+			return 1;
+		}
+	}
+	hold = stop_holdback(s, s->held.data, s->held.len);
+	emit_text(s, s->held.data, s->held.len - hold, G4_CHANNEL_CONTENT, fn, ctx);
+	memmove(s->held.data, s->held.data + s->held.len - hold, hold);
+	s->held.len = hold;
+	return 0;
+}
+
+/* Route decoded text to the current channel. Returns 1 on a stop match. */
+static int
+route_text(g4_seq *s, const char *text, size_t len, g4_event_fn fn, void *ctx)
+{
+	if (s->in_channel_header)
+	{
+		/* the channel's name runs to the end of its line ("thought\n") */
+		const char *nl = memchr(text, '\n', len);
+
+		if (!nl)
+			return 0;
+		s->in_channel_header = 0;
+		len -= (size_t) (nl + 1 - text);
+		text = nl + 1;
+	}
+	if (s->channel == G4_CHANNEL_REASONING)
+	{
+		emit_text(s, text, len, G4_CHANNEL_REASONING, fn, ctx);
+		return 0;
+	}
+	return add_content(s, text, len, fn, ctx);
+}
+
+void
+g4_seq_finish(g4_engine *e, g4_seq *s, int reason, g4_event_fn fn, void *ctx)
+{
+	g4_event	ev;
+
+	if (reason != G4_FINISH_CANCELLED && !s->matched_stop)
+	{
+		/* flush what the detokeniser and the stop matcher still hold */
+		s->piece.len = 0;
+		g4_detok_finish(&s->detok, &s->piece);
+		if (s->piece.len)
+			route_text(s, s->piece.data, s->piece.len, fn, ctx);
+		/* text held as a possible stop-string start that never completed */
+		emit_text(s, s->held.data, s->held.len, G4_CHANNEL_CONTENT, fn, ctx);
+		s->held.len = 0;
+	}
+	g4_release_slot(e, s);
+	memset(&ev, 0, sizeof(ev));
+	ev.kind = G4_EV_FINISH;
+	ev.seq_id = s->id;
+	ev.finish_reason = reason;
+	ev.prompt_tokens = s->n_prompt;
+	ev.completion_tokens = s->n_generated;
+	e->stats.requests_finished++;
+	fn(ctx, &ev);
+}
+
+void
+g4_seq_fail(g4_engine *e, g4_seq *s, int code, const char *msg, g4_event_fn fn, void *ctx)
+{
+	g4_event	ev;
+
+	g4_release_slot(e, s);
+	memset(&ev, 0, sizeof(ev));
+	ev.kind = G4_EV_ERROR;
+	ev.seq_id = s->id;
+	ev.error_code = code;
+	ev.error_msg = msg;
+	e->stats.requests_failed++;
+	fn(ctx, &ev);
+}
+
+static int
+is_eos(const g4_engine *e, int32_t id)
+{
+	int			i;
+
+	for (i = 0; i < e->n_eos; i++)
+		if (e->eos[i] == id)
+			return 1;
+	return 0;
+}
+
+int
+g4_seq_emit_token(g4_engine *e, g4_seq *s, int32_t id, g4_event_fn fn, void *ctx)
+{
+	double		now = g4_now();
+
+	if (s->n_generated == 0)
+		s->t_first = now;
+	s->t_last = now;
+	s->n_generated++;
+	e->stats.tokens_generated++;
+	if (s->has_hist)
+		g4_hist_add_output(&s->hist, id);
+	if (g4_seq_append(s, id) != G4_OK)
+	{
+		g4_seq_fail(e, s, G4_ERR_NOMEM, "out of memory storing a generated token", fn, ctx);
+		return 1;
+	}
+	if (is_eos(e, id))
+	{
+		g4_seq_finish(e, s, G4_FINISH_STOP, fn, ctx);
+		return 1;
+	}
+	if (id == e->channel_open)
+	{
+		s->channel = G4_CHANNEL_REASONING;
+		s->in_channel_header = 1;
+	}
+	else if (id == e->channel_close)
+	{
+		s->channel = G4_CHANNEL_CONTENT;
+		s->in_channel_header = 0;
+	}
+	else
+	{
+		s->piece.len = 0;
+		if (g4_detok_push(&s->detok, id, &s->piece) == G4_OK && s->piece.len &&
+			route_text(s, s->piece.data, s->piece.len, fn, ctx))
+		{
+			g4_seq_finish(e, s, G4_FINISH_STOP, fn, ctx);
+			return 1;
+		}
+	}
+	if (s->n_generated >= s->max_tokens || s->n_tok >= e->max_model_len)
+	{
+		g4_seq_finish(e, s, G4_FINISH_LENGTH, fn, ctx);
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,103 @@
+/*
+ * util.h — small helpers shared by the whole engine: error reporting,
+ * checked allocation, bf16/f16 conversion, monotonic time.
+ */
+#ifndef G4_UTIL_H
+#define G4_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "engine.h"
+
+/* Set err (if non-NULL) and return code.  Always returns code so callers can
+ * write `return g4_fail(err, G4_ERR_IO, "...", ...)`. */
+int g4_fail(g4_err *err, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* Prefix an existing error message with context ("loading X: <old msg>"). */
+int g4_fail_ctx(g4_err *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* Checked allocation: NULL only when the system is out of memory; callers
+ * must still test the result and report G4_ERR_NOMEM. */
+void *g4_malloc(size_t n);
+void *g4_calloc(size_t n, size_t size);
+void *g4_realloc(void *p, size_t n);
+char *g4_strdup(const char *s);
+char *g4_strndup(const char *s, size_t n);
+
+/* Growable byte buffer (used for text building). */
+typedef struct {
+	char	   *data;
+	size_t		len;
+	size_t		cap;
+} g4_buf;
+
+int			g4_buf_reserve(g4_buf *b, size_t extra);
+int			g4_buf_append(g4_buf *b, const void *p, size_t n);
+int			g4_buf_puts(g4_buf *b, const char *s);
+void		g4_buf_free(g4_buf *b);
+
+/* bf16 <-> f32.  Rounding is round-to-nearest-even, NaN preserved. */
+static inline float
+g4_bf16_to_f32(uint16_t h)
+{
+	uint32_t	u = (uint32_t) h << 16;
+	float		f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static inline uint16_t
+g4_f32_to_bf16(float f)
+{
+	uint32_t	u;
+
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t) ((u >> 16) | 0x40);	/* quiet NaN */
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t) (u >> 16);
+}
+
+/* Round an f32 to the nearest bf16 value, returned as f32. */
+static inline float
+g4_round_bf16(float f)
+{
+	return g4_bf16_to_f32(g4_f32_to_bf16(f));
+}
+
+float		g4_f16_to_f32(uint16_t h);
+uint16_t	g4_f32_to_f16(float f);
+
+/* Monotonic clock in seconds. */
+double		g4_now(void);
+
+/* Read a whole file into a NUL-terminated malloc'd buffer. */
+int			g4_read_file(const char *path, char **out, size_t *len, g4_err *err);
+
+/* Join a directory and a file name into a malloc'd path. */
+char	   *g4_path_join(const char *dir, const char *name);
+
+/* True if path exists and is a directory / a regular file. */
+int			g4_is_dir(const char *path);
+int			g4_is_file(const char *path);
+
+/* Read-only memory map of a whole file. */
+typedef struct {
+	void	   *data;
+	size_t		size;
+} g4_mmap;
+
+int			g4_mmap_open(const char *path, g4_mmap *m, g4_err *err);
+void		g4_mmap_close(g4_mmap *m);
+
+#define G4_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define G4_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define G4_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define G4_DIV_UP(a, b) (((a) + (b) - 1) / (b))
+
+#endif

@@ -1,0 +1,286 @@
+/*
+ * harness.c — see harness.h.
+ */
+#include "harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+#include "util.h"
+
+const char *
+h_fixture_model(void)
+{
+	const char *p = getenv("G4_FIXTURE_MODEL");
+
+	return p && g4_is_dir(p) ? p : NULL;
+}
+
+void
+h_options(g4_options *o, const char *model)
+{
+	g4_options_default(o);
+	o->model_path = model;
+	o->backend = G4_BACKEND_CPU;
+	o->threads = 2;
+	o->kv_dtype = G4_KV_F32;
+	o->max_model_len = 4096;
+	o->max_num_seqs = 8;
+	o->max_num_batched_tokens = 512;
+	o->kv_pool_bytes = (size_t) 64 << 20;
+}
+
+static h_result *
+find(h_run *run, uint64_t id)
+{
+	int			i;
+
+	for (i = 0; i < run->n; i++)
+		if (run->r[i].id == id)
+			return &run->r[i];
+	return NULL;
+}
+
+static void
+on_logits(void *ctx, uint64_t id, const float *logits, int vocab)
+{
+	h_result   *r = find(ctx, id);
+
+	if (r && !r->first_logits)
+	{
+		r->first_logits = malloc((size_t) vocab * sizeof(float));
+		if (r->first_logits)
+			memcpy(r->first_logits, logits, (size_t) vocab * sizeof(float));
+		r->vocab = vocab;
+	}
+}
+
+static void
+on_token(void *ctx, uint64_t id, int32_t token)
+{
+	h_result   *r = find(ctx, id);
+
+	if (r && r->n_tokens < (int) G4_ARRAY_LEN(r->tokens))
+		r->tokens[r->n_tokens++] = token;
+}
+
+static void
+append(char **buf, size_t *len, const char *s, size_t n)
+{
+	char	   *p = realloc(*buf, *len + n + 1);
+
+	if (!p)
+		return;
+	memcpy(p + *len, s, n);
+	*len += n;
+	p[*len] = '\0';
+	*buf = p;
+}
+
+void
+h_on_event(void *ctx, const g4_event *ev)
+{
+	h_result   *r = find(ctx, ev->seq_id);
+
+	if (!r)
+		return;
+	switch (ev->kind)
+	{
+		case G4_EV_TEXT:
+			if (ev->channel == G4_CHANNEL_REASONING)
+				append(&r->reasoning, &r->reasoning_len, ev->text, ev->text_len);
+			else
+				append(&r->text, &r->text_len, ev->text, ev->text_len);
+			break;
+		case G4_EV_FINISH:
+			r->finished = 1;
+			r->finish_reason = ev->finish_reason;
+			r->prompt_tokens = ev->prompt_tokens;
+			r->completion_tokens = ev->completion_tokens;
+			break;
+		case G4_EV_ERROR:
+			r->finished = 1;
+			r->failed = 1;
+			r->error_code = ev->error_code;
+			snprintf(r->error, sizeof(r->error), "%s", ev->error_msg);
+			break;
+	}
+}
+
+void
+h_attach(g4_engine *e, h_run *run)
+{
+	g4_set_hooks(e, on_logits, on_token, run);
+}
+
+int
+h_drain(g4_engine *e, h_run *run, int max_steps, g4_err *err)
+{
+	int			steps = 0;
+
+	for (;;)
+	{
+		int			i,
+					done = 1;
+		int			rc;
+
+		for (i = 0; i < run->n; i++)
+			done &= run->r[i].finished;
+		if (done)
+			return 0;
+		if (steps++ >= max_steps)
+			return g4_fail(err, G4_ERR_INTERNAL, "not finished after %d steps", max_steps);
+		rc = g4_step(e, h_on_event, run, err);
+		if (rc < 0)
+			return rc;
+	}
+}
+
+void
+h_result_free(h_result *r)
+{
+	free(r->first_logits);
+	free(r->text);
+	free(r->reasoning);
+	memset(r, 0, sizeof(*r));
+}
+
+void
+h_token_request(g4_request *req, const int32_t *ids, int n, int max_tokens)
+{
+	memset(req, 0, sizeof(*req));
+	req->input_kind = G4_INPUT_TOKENS;
+	req->tokens = ids;
+	req->n_tokens = n;
+	req->max_tokens = max_tokens;
+	g4_sampling_default(&req->sampling);
+}
+
+int
+h_golden_load(const char *name, h_golden *g, char *why, size_t why_len)
+{
+	char		path[4096];
+	char	   *text;
+	size_t		len;
+	g4_err		err;
+	FILE	   *f;
+	long		sz;
+
+	memset(g, 0, sizeof(*g));
+	snprintf(path, sizeof(path), "%s/test/golden/%s.json", g4_test_srcdir(), name);
+	if (g4_read_file(path, &text, &len, &err) != G4_OK)
+	{
+		snprintf(why, why_len, "%s", err.msg);
+		return -1;
+	}
+	g->doc = g4j_parse(text, len, &err);
+	free(text);
+	if (!g->doc)
+	{
+		snprintf(why, why_len, "%s: %s", path, err.msg);
+		return -1;
+	}
+	snprintf(path, sizeof(path), "%s/test/golden/%s.bin", g4_test_srcdir(), name);
+	f = fopen(path, "rb");
+	if (!f)
+		return 0;				/* no float data for this golden */
+	fseek(f, 0, SEEK_END);
+	sz = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	g->data = malloc((size_t) sz);
+	if (!g->data || fread(g->data, 1, (size_t) sz, f) != (size_t) sz)
+	{
+		fclose(f);
+		snprintf(why, why_len, "cannot read %s", path);
+		return -1;
+	}
+	fclose(f);
+	g->n_floats = (size_t) sz / sizeof(float);
+	return 0;
+}
+
+void
+h_golden_free(h_golden *g)
+{
+	g4j_free(g->doc);
+	free(g->data);
+	memset(g, 0, sizeof(*g));
+}
+
+const g4j *
+h_golden_case(const h_golden *g, const char *name)
+{
+	const g4j  *cases = g4j_get(g4j_root(g->doc), "cases");
+	size_t		i;
+
+	for (i = 0; i < g4j_len(cases); i++)
+	{
+		const char *n = g4j_get_str(g4j_at(cases, i), "name");
+
+		if (n && strcmp(n, name) == 0)
+			return g4j_at(cases, i);
+	}
+	return NULL;
+}
+
+int32_t *
+h_ints(const g4j *arr, int *n)
+{
+	int32_t    *out = malloc((size_t) G4_MAX(g4j_len(arr), 1) * sizeof(int32_t));
+	size_t		i;
+
+	*n = (int) g4j_len(arr);
+	if (!out)
+		return NULL;
+	for (i = 0; i < g4j_len(arr); i++)
+		out[i] = (int32_t) g4j_int(g4j_at(arr, i), -1);
+	return out;
+}
+
+double
+h_max_abs_diff(const float *a, const float *b, int n, double *max_ref)
+{
+	double		m = 0.0,
+				r = 0.0;
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		double		d = (double) a[i] - (double) b[i];
+
+		if (d < 0)
+			d = -d;
+		if (d > m || d != d)
+			m = d;
+		if ((double) b[i] > r)
+			r = b[i];
+		if (-(double) b[i] > r)
+			r = -(double) b[i];
+	}
+	if (max_ref)
+		*max_ref = r;
+	return m;
+}
+
+uint64_t
+h_fnv1a64_file(const char *path)
+{
+	FILE	   *f = fopen(path, "rb");
+	uint64_t	h = 0xcbf29ce484222325ull;
+	unsigned char buf[65536];
+	size_t		n;
+
+	if (!f)
+		return 0;
+	while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+	{
+		size_t		i;
+
+		for (i = 0; i < n; i++)
+			h = (h ^ buf[i]) * 0x100000001b3ull;
+	}
+	fclose(f);
+	return h;
+}

@@ -1,0 +1,76 @@
+/*
+ * harness.h — helpers for engine-level tests: opening the fixture model,
+ * running requests to completion while capturing logits and tokens, and
+ * reading the committed transformers references.
+ */
+#ifndef G4_TEST_HARNESS_H
+#define G4_TEST_HARNESS_H
+
+#include "engine_internal.h"
+#include "json.h"
+
+/* Path of the generated fixture model (G4_FIXTURE_MODEL), or NULL. */
+const char *h_fixture_model(void);
+
+/* Engine options for tests: CPU backend, f32 KV, small pool. */
+void		h_options(g4_options *o, const char *model);
+
+/* Everything observed for one request. */
+typedef struct
+{
+	uint64_t	id;
+	int			finished;
+	int			failed;
+	int			finish_reason;
+	int			error_code;
+	char		error[512];
+	int32_t		tokens[1024];
+	int			n_tokens;
+	float	   *first_logits;	/* logits of the first sampled position (malloc'd) */
+	int			vocab;
+	char	   *text;			/* content text (malloc'd) */
+	size_t		text_len;
+	char	   *reasoning;
+	size_t		reasoning_len;
+	int			prompt_tokens;
+	int			completion_tokens;
+} h_result;
+
+typedef struct
+{
+	h_result   *r;
+	int			n;
+} h_run;
+
+/* Install the hooks that fill results, submit nothing. */
+void		h_attach(g4_engine *e, h_run *run);
+/* Event callback filling the run's results. */
+void		h_on_event(void *ctx, const g4_event *ev);
+/* Step until every result is finished (or max_steps). Returns 0 on success. */
+int			h_drain(g4_engine *e, h_run *run, int max_steps, g4_err *err);
+void		h_result_free(h_result *r);
+
+/* A token-id request with greedy sampling. */
+void		h_token_request(g4_request *req, const int32_t *ids, int n, int max_tokens);
+
+/* The committed references of test/golden/<name>.json/.bin. */
+typedef struct
+{
+	g4j_doc    *doc;
+	float	   *data;
+	size_t		n_floats;
+} h_golden;
+
+int			h_golden_load(const char *name, h_golden *g, char *why, size_t why_len);
+void		h_golden_free(h_golden *g);
+const g4j  *h_golden_case(const h_golden *g, const char *name);
+/* int array field of a case, malloc'd */
+int32_t    *h_ints(const g4j *arr, int *n);
+
+/* max |a - b| and max |b| over n floats */
+double		h_max_abs_diff(const float *a, const float *b, int n, double *max_ref);
+
+/* FNV-1a 64 of a file; 0 when unreadable */
+uint64_t	h_fnv1a64_file(const char *path);
+
+#endif

@@ -1,0 +1,330 @@
+/*
+ * gemma4-run — run the engine without PostgreSQL.
+ *
+ *   gemma4-run --model DIR|FILE.gguf --prompt TEXT [--max-tokens N]
+ *              [--temperature T] [--top-p P] [--top-k K] [--seed S]
+ *              [--chat] [--system TEXT] [--think] [--stream]
+ *              [--kv-dtype f32|bf16|turboquant_k8v4] [--backend auto|cpu|cuda]
+ *              [--threads N] [--max-model-len N] [--batch N]
+ *              [--bench] [--bench-prompt-tokens N]
+ *
+ * Prints the generated text (as it decodes with --stream).  --bench prints
+ * prefill and decode throughput; --batch N runs N copies of the request at
+ * once (continuous batching), --bench-prompt-tokens N replaces the prompt by
+ * N synthetic tokens.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+
+typedef struct
+{
+	int			stream;
+	int			batch;
+	int			show_reasoning;
+	uint64_t   *ids;
+	char	  **text;			/* accumulated output per request */
+	size_t	   *text_len;
+	int			done;
+	int			failed;
+	int			prompt_tokens;
+	int			completion_tokens;
+	double		first_token_at;
+	int			in_reasoning;
+} run_ctx;
+
+static double
+now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+static int
+index_of(run_ctx *r, uint64_t id)
+{
+	int			i;
+
+	for (i = 0; i < r->batch; i++)
+		if (r->ids[i] == id)
+			return i;
+	return -1;
+}
+
+static void
+on_event(void *arg, const g4_event *ev)
+{
+	run_ctx    *r = arg;
+	int			i = index_of(r, ev->seq_id);
+
+	if (i < 0)
+		return;
+	switch (ev->kind)
+	{
+		case G4_EV_TEXT:
+			if (r->first_token_at == 0)
+				r->first_token_at = now();
+			if (r->stream && i == 0)
+			{
+				if (ev->channel == G4_CHANNEL_REASONING && !r->in_reasoning)
+				{
+					fputs("[thinking] ", stdout);
+					r->in_reasoning = 1;
+				}
+				else if (ev->channel == G4_CHANNEL_CONTENT && r->in_reasoning)
+				{
+					fputs("\n[answer] ", stdout);
+					r->in_reasoning = 0;
+				}
+				fwrite(ev->text, 1, ev->text_len, stdout);
+				fflush(stdout);
+			}
+			if (ev->channel == G4_CHANNEL_CONTENT || r->show_reasoning)
+			{
+				char	   *p = realloc(r->text[i], r->text_len[i] + ev->text_len + 1);
+
+				if (p)
+				{
+					memcpy(p + r->text_len[i], ev->text, ev->text_len);
+					r->text_len[i] += ev->text_len;
+					p[r->text_len[i]] = '\0';
+					r->text[i] = p;
+				}
+			}
+			break;
+		case G4_EV_FINISH:
+			r->done++;
+			r->prompt_tokens += ev->prompt_tokens;
+			r->completion_tokens += ev->completion_tokens;
+			break;
+		case G4_EV_ERROR:
+			r->done++;
+			r->failed++;
+			fprintf(stderr, "request %d failed: %s\n", i + 1, ev->error_msg);
+			break;
+	}
+}
+
+static void
+usage(void)
+{
+	fprintf(stderr,
+			"usage: gemma4-run --model DIR|FILE.gguf --prompt TEXT [--max-tokens N] [--temperature T]\n"
+			"                  [--top-p P] [--top-k K] [--seed S] [--chat] [--system TEXT] [--think]\n"
+			"                  [--stream] [--kv-dtype f32|bf16|turboquant_k8v4] [--backend auto|cpu|cuda]\n"
+			"                  [--threads N] [--max-model-len N] [--batch N] [--bench]\n"
+			"                  [--bench-prompt-tokens N]\n");
+	exit(2);
+}
+
+int
+main(int argc, char **argv)
+{
+	g4_options	o;
+	g4_request	req;
+	g4_engine  *e;
+	g4_err		err;
+	run_ctx		r;
+	const char *prompt = NULL;
+	const char *system = NULL;
+	int			chat = 0;
+	int			bench = 0;
+	int			bench_prompt = 0;
+	int32_t    *synthetic = NULL;
+	g4_message	msgs[2];
+	double		t0,
+				t1;
+	int			i;
+
+	g4_options_default(&o);
+	o.max_num_seqs = 1;
+	o.max_model_len = 8192;		/* a command-line run needs no 256k window */
+	memset(&req, 0, sizeof(req));
+	g4_sampling_default(&req.sampling);
+	req.max_tokens = 128;
+	memset(&r, 0, sizeof(r));
+	r.batch = 1;
+	for (i = 1; i < argc; i++)
+	{
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+#define ARG(name) (strcmp(a, name) == 0 && v && (i++, 1))
+		if (ARG("--model"))
+			o.model_path = v;
+		else if (ARG("--prompt"))
+			prompt = v;
+		else if (ARG("--system"))
+			system = v;
+		else if (ARG("--max-tokens"))
+			req.max_tokens = atoi(v);
+		else if (ARG("--temperature"))
+			req.sampling.temperature = (float) atof(v);
+		else if (ARG("--top-p"))
+			req.sampling.top_p = (float) atof(v);
+		else if (ARG("--top-k"))
+			req.sampling.top_k = atoi(v);
+		else if (ARG("--seed"))
+		{
+			req.sampling.seed = strtoull(v, NULL, 10);
+			req.sampling.has_seed = 1;
+		}
+		else if (ARG("--kv-dtype"))
+		{
+			if (strcmp(v, "f32") == 0)
+				o.kv_dtype = G4_KV_F32;
+			else if (strcmp(v, "bf16") == 0)
+				o.kv_dtype = G4_KV_BF16;
+			else if (strcmp(v, "turboquant_k8v4") == 0)
+				o.kv_dtype = G4_KV_TURBOQUANT_K8V4;
+			else
+				usage();
+		}
+		else if (ARG("--backend"))
+			o.backend = strcmp(v, "cpu") == 0 ? G4_BACKEND_CPU : strcmp(v, "cuda") == 0 ? G4_BACKEND_CUDA :
+				G4_BACKEND_AUTO;
+		else if (ARG("--threads"))
+			o.threads = atoi(v);
+		else if (ARG("--max-model-len"))
+			o.max_model_len = atoi(v);
+		else if (ARG("--batch"))
+			r.batch = atoi(v);
+		else if (ARG("--bench-prompt-tokens"))
+			bench_prompt = atoi(v);
+		else if (strcmp(a, "--chat") == 0)
+			chat = 1;
+		else if (strcmp(a, "--think") == 0)
+			req.enable_thinking = 1;
+		else if (strcmp(a, "--stream") == 0)
+			r.stream = 1;
+		else if (strcmp(a, "--bench") == 0)
+			bench = 1;
+		else
+			usage();
+#undef ARG
+	}
+	if (!o.model_path || (!prompt && bench_prompt <= 0) || r.batch < 1)
+		usage();
+	o.max_num_seqs = r.batch;
+	o.verbose = 1;
+
+	t0 = now();
+	if (g4_open(&o, &e, &err) != G4_OK)
+	{
+		fprintf(stderr, "gemma4-run: %s\n", err.msg);
+		return 1;
+	}
+	{
+		g4_model_info mi;
+		g4_stats	st;
+
+		g4_model_info_get(e, &mi);
+		g4_stats_get(e, &st);
+		fprintf(stderr, "model %s (%s), %d layers, %.2f B parameters, %s backend on %s, KV %s, loaded in %.2fs\n",
+				mi.architecture, mi.family, mi.n_layers, (double) mi.n_params / 1e9, st.backend, st.device,
+				st.kv_dtype, now() - t0);
+	}
+
+	if (bench_prompt > 0)
+	{
+		/* synthetic prompt: BOS then ordinary ids */
+		synthetic = malloc((size_t) bench_prompt * sizeof(int32_t));
+		if (!synthetic)
+			return 1;
+		for (i = 0; i < bench_prompt; i++)
+			synthetic[i] = i == 0 ? 2 : 1000 + (i * 7919) % 5000;
+		req.input_kind = G4_INPUT_TOKENS;
+		req.tokens = synthetic;
+		req.n_tokens = bench_prompt;
+	}
+	else if (chat)
+	{
+		int			n = 0;
+
+		if (system)
+		{
+			msgs[n].role = G4_ROLE_SYSTEM;
+			msgs[n].content = system;
+			msgs[n].parts = NULL;
+			n++;
+		}
+		msgs[n].role = G4_ROLE_USER;
+		msgs[n].content = prompt;
+		msgs[n].parts = NULL;
+		n++;
+		req.input_kind = G4_INPUT_CHAT;
+		req.messages = msgs;
+		req.n_messages = n;
+	}
+	else
+	{
+		req.input_kind = G4_INPUT_TEXT;
+		req.prompt = prompt;
+	}
+
+	r.ids = calloc((size_t) r.batch, sizeof(uint64_t));
+	r.text = calloc((size_t) r.batch, sizeof(char *));
+	r.text_len = calloc((size_t) r.batch, sizeof(size_t));
+	if (!r.ids || !r.text || !r.text_len)
+		return 1;
+	t0 = now();
+	for (i = 0; i < r.batch; i++)
+		if (g4_submit(e, &req, &r.ids[i], &err) != G4_OK)
+		{
+			fprintf(stderr, "gemma4-run: %s\n", err.msg);
+			g4_close(e);
+			return 1;
+		}
+	while (r.done < r.batch)
+	{
+		int			rc = g4_step(e, on_event, &r, &err);
+
+		if (rc < 0)
+		{
+			fprintf(stderr, "gemma4-run: %s\n", err.msg);
+			break;
+		}
+		if (rc == 0)
+			break;
+	}
+	t1 = now();
+	if (r.stream)
+		fputc('\n', stdout);
+	else
+		for (i = 0; i < r.batch; i++)
+		{
+			if (r.batch > 1)
+				printf("--- %d ---\n", i + 1);
+			printf("%s\n", r.text[i] ? r.text[i] : "");
+		}
+	if (bench)
+	{
+		g4_stats	st;
+		double		prefill = r.first_token_at > 0 ? r.first_token_at - t0 : t1 - t0;
+		double		decode = t1 - (r.first_token_at > 0 ? r.first_token_at : t1);
+		int			decoded = r.completion_tokens - r.batch;
+
+		g4_stats_get(e, &st);
+		printf("prefill: %d tokens in %.3f s = %.1f tokens/s (time to first token %.3f s)\n", r.prompt_tokens,
+			   prefill, prefill > 0 ? r.prompt_tokens / prefill : 0.0, prefill);
+		printf("decode:  %d tokens in %.3f s = %.1f tokens/s (%d sequence%s, %llu steps, mean batch %.1f)\n",
+			   decoded, decode, decode > 0 ? decoded / decode : 0.0, r.batch, r.batch > 1 ? "s" : "",
+			   (unsigned long long) st.steps, st.steps ? (double) st.batch_seqs_sum / (double) st.steps : 0.0);
+		printf("memory:  weights %.1f MiB, KV pool %.1f MiB (%s), workspace %.1f MiB\n",
+			   (double) st.weight_bytes / 1048576.0, (double) st.kv_bytes_total / 1048576.0, st.kv_dtype,
+			   (double) st.workspace_bytes / 1048576.0);
+	}
+	for (i = 0; i < r.batch; i++)
+		free(r.text[i]);
+	free(r.text);
+	free(r.text_len);
+	free(r.ids);
+	free(synthetic);
+	g4_close(e);
+	return r.failed ? 1 : 0;
+}
