@@ -6,7 +6,11 @@
 #   make check-engine    engine tests, no PostgreSQL and no GPU needed
 #   make install         extension, engine library and tools (PGXS paths)
 #   make test            every suite: engine, SQL, concurrency, faults
-#                        (test/run-all.sh; needs an installed extension)
+#                        (test/run-all.sh, against a private copy of the
+#                        server in build/pg: no root needed)
+#   make pg-private      that private server with the extension installed
+#   make install-default-model   the default model (Gemma 3 270M) for a
+#                        system installation
 
 # the default goal, whatever the included files define first
 all:
@@ -30,6 +34,13 @@ include $(PGXS)
 
 all: engine
 install: install-engine
+include mk/pg.mk
+
+# The SQL, concurrency and fault suites against the installed extension, on
+# throwaway instances (run as an unprivileged user).
+.PHONY: installcheck
+installcheck:
+	test/pg/run-pg-tests.sh
 else
 all: engine
 install:

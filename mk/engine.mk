@@ -22,6 +22,19 @@ CUDA_SRCS := $(wildcard cuda/*.cu)
 CUDA_OBJS := $(patsubst cuda/%.cu,$(BUILD)/obj/cuda/%.o,$(CUDA_SRCS))
 CUDA_LDLIBS = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
 	-lcudart_static -lrt -lstdc++
+# GPU parity tests (test/gpu, run by test/gpu/run-gpu.sh on a GPU machine)
+# and the GPU benchmark; never part of CI
+GPU_TEST_BIN := $(BUILD)/run-gpu-tests
+GPU_BENCH_BIN := $(BUILD)/bench-gpu
+GPU_TEST_SRCS := $(wildcard test/gpu/*.c) test/engine/test_main.c test/engine/harness.c
+.PHONY: gpu-tests
+gpu-tests: $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
+$(GPU_TEST_BIN): $(GPU_TEST_SRCS) $(wildcard test/gpu/*.h test/engine/*.h) $(ENGINE_OBJS) $(CUDA_OBJS)
+	$(CC) $(ENGINE_CFLAGS) -Itest/engine -Itest/gpu -o $@ $(GPU_TEST_SRCS) $(ENGINE_OBJS) $(CUDA_OBJS) \
+		$(CUDA_LDLIBS) $(ENGINE_LDLIBS)
+$(GPU_BENCH_BIN): test/bench/bench_gpu.c test/gpu/step_driver.c test/gpu/step_driver.h $(ENGINE_OBJS) $(CUDA_OBJS)
+	$(CC) $(ENGINE_CFLAGS) -Itest/gpu -o $@ test/bench/bench_gpu.c test/gpu/step_driver.c $(ENGINE_OBJS) \
+		$(CUDA_OBJS) $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
 else
 ENGINE_SRCS += src/engine/nocuda/backend_nocuda.c
 CUDA_OBJS :=
@@ -77,6 +90,18 @@ check-engine: $(TEST_BIN) $(FIXTURE_MODEL)/config.json fetch-default-model
 	G4_FIXTURE_MODEL=$(CURDIR)/$(FIXTURE_MODEL) \
 	G4_GGUF_MODEL=$$(test -f $(DEFAULT_MODEL) && echo $(CURDIR)/$(DEFAULT_MODEL)) \
 	$(TEST_BIN) $(TESTS)
+
+# Benchmarks print figures; they never assert timings.
+BENCHES := $(BUILD)/bench-quant $(BUILD)/bench-tokenizer $(BUILD)/bench-membw
+$(BUILD)/bench-membw: test/bench/bench_membw.c
+	$(CC) $(ENGINE_CFLAGS) -o $@ $< -lpthread
+$(BUILD)/bench-%: test/bench/bench_%.c $(ENGINE_OBJS) $(CUDA_OBJS)
+	$(CC) $(ENGINE_CFLAGS) -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
+
+bench-engine: $(BENCHES)
+	$(BUILD)/bench-membw
+	$(BUILD)/bench-quant
+	G4_TEST_SRCDIR=$(CURDIR) $(BUILD)/bench-tokenizer
 
 clean-engine:
 	rm -rf $(BUILD)

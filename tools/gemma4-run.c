@@ -246,6 +246,7 @@ main(int argc, char **argv)
 	{
 		int			n = 0;
 
+		memset(msgs, 0, sizeof(msgs));
 		if (system)
 		{
 			msgs[n].role = G4_ROLE_SYSTEM;

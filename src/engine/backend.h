@@ -169,6 +169,27 @@ typedef struct
 
 	/* Wait for all issued work; report the first failure. */
 	int			(*sync) (g4_backend *be, g4_err *err);
+
+	/* ---- optional (NULL when a backend has none) ---- */
+
+	/*
+	 * Whole-step graphs.  After step_begin, graph_begin returns 1 when a
+	 * graph recorded for a step of the same shape exists: issue none of the
+	 * step's operations and call graph_end, which replays it.  It returns 0
+	 * when the operations must be issued as usual (the backend may record
+	 * them), followed by graph_end; a negative g4_status on failure.  Only
+	 * for steps whose operations are a function of the step's shape: no
+	 * upload, download or sync between the two calls.
+	 */
+	int			(*graph_begin) (g4_backend *be);
+	int			(*graph_end) (g4_backend *be);
+
+	/* Greedy choice on the device: ids[i] = index of the largest of
+	 * logits[i][0..vocab) (the first one on ties), the ids in suppress
+	 * excluded, as g4_sample does at temperature 0.  logits: device; suppress
+	 * and ids: host; ids are filled when the call returns. */
+	int			(*argmax) (g4_backend *be, const float *logits, int n, int vocab,
+						   const int32_t *suppress, int n_suppress, int32_t *ids);
 } g4_backend_ops;
 
 struct g4_backend

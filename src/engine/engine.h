@@ -242,6 +242,7 @@ typedef struct
 	uint64_t	batch_seqs_sum; /* over steps: mean batch = sum / steps */
 	uint64_t	spec_drafted;
 	uint64_t	spec_accepted;
+	uint64_t	preemptions;	/* sequences evicted to free KV blocks (recomputed later) */
 } g4_stats;
 
 typedef enum

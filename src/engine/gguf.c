@@ -187,6 +187,7 @@ typedef struct arena_block
 typedef struct
 {
 	arena_block *head;
+	int			n_blocks;
 } arena;
 
 static void *
@@ -197,7 +198,8 @@ arena_alloc(arena *a, size_t n)
 
 	if (!b || b->cap - b->used < need)
 	{
-		size_t		cap = G4_MAX(need, (size_t) 1 << 20);
+		/* blocks grow from 64 KiB to 2 MiB: small files stay small */
+		size_t		cap = G4_MAX(need, (size_t) 65536 << G4_MIN(a->n_blocks, 5));
 
 		b = g4_malloc(sizeof(arena_block) + cap);
 		if (!b)
@@ -206,6 +208,7 @@ arena_alloc(arena *a, size_t n)
 		b->used = 0;
 		b->cap = cap;
 		a->head = b;
+		a->n_blocks++;
 	}
 	b->used += need;
 	return (char *) b->data + (b->used - need);
@@ -562,10 +565,11 @@ parse(g4_gguf *g, g4_err *err)
 	if (c.size < 4 || memcmp(c.p, GGUF_MAGIC, 4) != 0)
 	{
 		char		shown[16] = "";
-		size_t		k;
+		size_t		k,
+					n = 0;
 
 		for (k = 0; k < 4 && k < c.size; k++)
-			snprintf(shown + 3 * k, sizeof(shown) - 3 * k, "%02x ", c.p[k]);
+			n += (size_t) snprintf(shown + n, sizeof(shown) - n, k ? " %02x" : "%02x", c.p[k]);
 		return g4_fail(err, G4_ERR_FORMAT, "%s is not a GGUF file (magic %s, expected \"GGUF\")",
 					   g->path, c.size ? shown : "missing");
 	}

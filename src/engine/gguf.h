@@ -48,7 +48,10 @@ typedef struct
 	/* G4_GGUF_ARRAY */
 	int			arr_type;		/* element type */
 	uint64_t	arr_len;
-	const void *arr_data;		/* numeric arrays: packed little-endian elements in the mapping */
+	/* numeric arrays: packed little-endian elements in the mapping, possibly
+	 * unaligned (read with memcpy); arrays of arrays: arr_len g4_gguf_kv
+	 * entries with a NULL key; string arrays: NULL */
+	const void *arr_data;
 	const char **arr_strs;		/* string arrays: NUL-terminated copies */
 	const size_t *arr_str_lens;
 } g4_gguf_kv;
@@ -73,7 +76,9 @@ enum
 	G4_GGML_BF16 = 30
 };
 
-const char *g4_ggml_type_name(int ggml_type);	/* "Q4_K", or "type 23" */
+/* Name of a ggml type ("Q4_K", "IQ4_XS"), "type N" for unnamed values below
+ * 64, "unknown type" otherwise. */
+const char *g4_ggml_type_name(int ggml_type);
 
 typedef struct
 {

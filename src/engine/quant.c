@@ -29,14 +29,19 @@
  * Dequantisation evaluates exactly these expressions in float32 with one
  * rounding per operation (products and sums are not fused), so results are
  * bit-identical to ggml's dequantize_row_* and gguf-py's numpy dequantisers.
- * This relies on the file being compiled without floating-point contraction
- * (the default of GCC and Clang in ISO C mode, -std=c11).
+ * This needs floating-point contraction off: Clang is told so below; GCC
+ * does not contract in ISO C mode (-std=c11), and the golden-value test
+ * would catch a build that does.
  *
  * Dot products multiply the exact dequantised values with the activations
  * (fused multiply-add in the AVX2 path) and sum in float32 with eight or more
- * independent partial sums.  The AVX2+FMA+F16C kernels are compiled with
- * target attributes and chosen at run time; the portable scalar code is the
- * fallback and is tested too.
+ * independent partial sums.  With one activation row the weights are decoded
+ * in registers and multiplied at once; with several, each 256-element chunk
+ * is decoded once into an L1-resident buffer and then multiplied with every
+ * row.  The AVX2+FMA+F16C kernels are compiled with target attributes (no
+ * -march flags needed) and chosen at run time; the portable scalar code is
+ * the fallback.  g4_dequant_row_path / g4_dot_row_path select a path
+ * explicitly so that tests and benchmarks cover both.
  */
 #include "quant.h"
 
@@ -46,9 +51,15 @@
 #include "backend.h"
 #include "util.h"
 
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define G4_HAVE_X86_SIMD 1
+#include <cpuid.h>
 #include <immintrin.h>
+#include <stdatomic.h>
 #else
 #define G4_HAVE_X86_SIMD 0
 #endif
@@ -131,16 +142,6 @@ rd32(const uint8_t *p)
 {
 	return (uint32_t) p[0] | ((uint32_t) p[1] << 8) | ((uint32_t) p[2] << 16) |
 		((uint32_t) p[3] << 24);
-}
-
-static inline float
-rdf32(const uint8_t *p)
-{
-	uint32_t	u = rd32(p);
-	float		f;
-
-	memcpy(&f, &u, 4);
-	return f;
 }
 
 /* IEEE half -> float, exact for every input (subnormals via an exact
@@ -982,10 +983,12 @@ avx_decode_units(int fmt, const uint8_t *row, const uint16_t *scales,
 				 int64_t k0, int64_t len, float *y)
 {
 	int			u = avx_unit_len(fmt);
+	__m256		unused[4];		/* accumulators are not touched when storing */
 	int64_t		i;
 
+	unused[0] = unused[1] = unused[2] = unused[3] = _mm256_setzero_ps();
 	for (i = 0; i + u <= len; i += u)
-		avx_unit(EMIT_STORE, fmt, row, scales, k0 + i, y + i, NULL, NULL);
+		avx_unit(EMIT_STORE, fmt, row, scales, k0 + i, y + i, NULL, unused);
 	return i;
 }
 
@@ -1252,10 +1255,12 @@ dot_avx2(int fmt, const void *row, const uint16_t *scales, int64_t in,
 /* ======================================================================== */
 
 /*
- * Whether the AVX2 kernels can run here.  __builtin_cpu_supports reads the
- * CPU model that libgcc's constructor fills in once per process (it also
- * checks that the OS saves the YMM state), so calling it per row is cheap and
- * needs no state of our own.
+ * Whether the AVX2 kernels can run here: AVX2, FMA and F16C in CPUID and
+ * the YMM state enabled by the OS (XCR0).  CPUID is read directly because
+ * not every compiler's __builtin_cpu_supports knows "f16c", and only once,
+ * since in a virtual machine CPUID traps to the hypervisor.  The cached
+ * answer is the file's only mutable global; concurrent first calls compute
+ * the same value, and the atomic makes that race well defined.
  */
 int			g4_quant_simd_available(void);
 void		g4_dequant_row_path(int path, int fmt, const void *row,
@@ -1264,12 +1269,47 @@ void		g4_dot_row_path(int path, int fmt, const void *row,
 							const uint16_t *scales, int64_t in, const float *x,
 							int64_t x_stride, int n, float *out, int64_t out_stride);
 
+#if G4_HAVE_X86_SIMD
+static int
+detect_avx2(void)
+{
+	unsigned int a,
+				b,
+				c,
+				d;
+	unsigned int xlo,
+				xhi;
+
+	if (!__get_cpuid(1, &a, &b, &c, &d))
+		return 0;
+	/* FMA (bit 12), OSXSAVE (27), AVX (28), F16C (29) */
+	if (((c >> 12) & 1) == 0 || ((c >> 27) & 1) == 0 ||
+		((c >> 28) & 1) == 0 || ((c >> 29) & 1) == 0)
+		return 0;
+	__asm__ volatile ("xgetbv" : "=a" (xlo), "=d" (xhi) : "c" (0));
+	if ((xlo & 6) != 6)			/* XMM and YMM state saved by the OS */
+		return 0;
+	if (__get_cpuid_max(0, NULL) < 7)
+		return 0;
+	__cpuid_count(7, 0, a, b, c, d);
+	return (b >> 5) & 1;		/* AVX2 */
+}
+
+static _Atomic int simd_level = -1;
+#endif
+
 int
 g4_quant_simd_available(void)
 {
 #if G4_HAVE_X86_SIMD
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-		__builtin_cpu_supports("f16c");
+	int			v = atomic_load_explicit(&simd_level, memory_order_relaxed);
+
+	if (v < 0)
+	{
+		v = detect_avx2();
+		atomic_store_explicit(&simd_level, v, memory_order_relaxed);
+	}
+	return v;
 #else
 	return 0;
 #endif

@@ -23,6 +23,15 @@ void		g4_dot_row(int fmt, const void *row, const uint16_t *scales, int64_t in,
 					   const float *x, int64_t x_stride, int n,
 					   float *out, int64_t out_stride);
 
+/* The same kernels with an explicit code path (0: portable scalar, 1: AVX2 +
+ * FMA), for tests and benchmarks; the plain entry points pick the best path
+ * the CPU supports. */
+int			g4_quant_simd_available(void);
+void		g4_dequant_row_path(int path, int fmt, const void *row, const uint16_t *scales,
+								int64_t in, float *out);
+void		g4_dot_row_path(int path, int fmt, const void *row, const uint16_t *scales, int64_t in,
+							const float *x, int64_t x_stride, int n, float *out, int64_t out_stride);
+
 /* Quantise float rows into a block format (tests, fixture generation). */
 void		g4_quant_row_i4g32(const float *w, int64_t in, uint32_t *packed,
 							   uint16_t *scales);

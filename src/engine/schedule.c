@@ -74,6 +74,7 @@ scheduled(const g4_schedule *sc, const g4_seq *s)
 static void
 preempt(g4_engine *e, g4_seq *s)
 {
+	e->stats.preemptions++;
 	g4_release_slot(e, s);
 	s->n_computed = 0;
 	s->state = G4_SEQ_WAITING;

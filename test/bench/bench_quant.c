@@ -21,12 +21,6 @@
 #include "quant.h"
 #include "util.h"
 
-int			g4_quant_simd_available(void);
-void		g4_dequant_row_path(int path, int fmt, const void *row,
-								const uint16_t *scales, int64_t in, float *out);
-void		g4_dot_row_path(int path, int fmt, const void *row,
-							const uint16_t *scales, int64_t in, const float *x,
-							int64_t x_stride, int n, float *out, int64_t out_stride);
 
 static uint64_t rng_state = 88172645463325252ull;
 

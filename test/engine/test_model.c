@@ -106,7 +106,7 @@ logits_ok(const h_golden *G, const g4j *c, const char *name, const float *mine, 
  * first logits and the greedy continuation of each.  All cases are submitted
  * together when `together`, else one at a time. */
 static void
-check_text_cases(const g4_options *o, int together, int check_greedy)
+check_text_cases(const g4_options *o, int together, int check_greedy, uint64_t *preemptions)
 {
 	static const char *const names[] = {"one_token", "short", "past_window", "long", "code"};
 	const h_golden *G = golden();
@@ -161,6 +161,13 @@ check_text_cases(const g4_options *o, int together, int check_greedy)
 		free(want[k]);
 		h_result_free(&res[k]);
 	}
+	if (preemptions)
+	{
+		g4_stats	st;
+
+		g4_stats_get(e, &st);
+		*preemptions = st.preemptions;
+	}
 	g4_close(e);
 }
 
@@ -170,7 +177,7 @@ G4_TEST(model_logits_and_greedy_match_transformers)
 
 	NEED_FIXTURE();
 	h_options(&o, model);
-	check_text_cases(&o, 0, 1);
+	check_text_cases(&o, 0, 1, NULL);
 }
 
 G4_TEST(model_batched_sequences_match_transformers)
@@ -179,7 +186,7 @@ G4_TEST(model_batched_sequences_match_transformers)
 
 	NEED_FIXTURE();
 	h_options(&o, model);
-	check_text_cases(&o, 1, 1);
+	check_text_cases(&o, 1, 1, NULL);
 }
 
 G4_TEST(model_chunked_prefill_matches_one_pass)
@@ -190,9 +197,9 @@ G4_TEST(model_chunked_prefill_matches_one_pass)
 	h_options(&o, model);
 	/* chunks of 3 tokens: the window of 8 spans chunk boundaries */
 	o.max_num_batched_tokens = 3;
-	check_text_cases(&o, 1, 0);
+	check_text_cases(&o, 1, 0, NULL);
 	o.max_num_batched_tokens = 1;
-	check_text_cases(&o, 0, 0);
+	check_text_cases(&o, 0, 0, NULL);
 }
 
 G4_TEST(model_preemption_keeps_results_exact)
@@ -202,12 +209,18 @@ G4_TEST(model_preemption_keeps_results_exact)
 	NEED_FIXTURE();
 	h_options(&o, model);
 	/* a pool whose full-attention blocks cannot hold all five sequences at
-	 * once (together they need about 70 blocks of 16 tokens): the scheduler
+	 * once (together they need 36 blocks of 16 tokens; 24 fit): the scheduler
 	 * must preempt and recompute without changing any result */
 	o.max_num_seqs = 5;
 	o.max_num_batched_tokens = 16;
-	o.kv_pool_bytes = 336 * 1024 + 40 * 4096;
-	check_text_cases(&o, 1, 1);
+	o.kv_pool_bytes = 336 * 1024 + 24 * 4096;
+	{
+		uint64_t	preemptions = 0;
+
+		check_text_cases(&o, 1, 1, &preemptions);
+		printf("    %llu preemptions\n", (unsigned long long) preemptions);
+		CHECK_MSG(preemptions > 0, "the pool was large enough: nothing was preempted");
+	}
 }
 
 /* the prompt with a block of soft tokens, under mask variant A or B */

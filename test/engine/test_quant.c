@@ -22,13 +22,6 @@
 #include "quant.h"
 #include "util.h"
 
-/* Kernel-path hooks exported by quant.c (path 0 scalar, 1 AVX2). */
-int			g4_quant_simd_available(void);
-void		g4_dequant_row_path(int path, int fmt, const void *row,
-								const uint16_t *scales, int64_t in, float *out);
-void		g4_dot_row_path(int path, int fmt, const void *row,
-							const uint16_t *scales, int64_t in, const float *x,
-							int64_t x_stride, int n, float *out, int64_t out_stride);
 
 /* ---- helpers ------------------------------------------------------------ */
 
