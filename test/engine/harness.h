@@ -23,7 +23,7 @@ typedef struct
 	int			failed;
 	int			finish_reason;
 	int			error_code;
-	char		error[512];
+	char		error[1024];
 	int32_t		tokens[1024];
 	int			n_tokens;
 	float	   *first_logits;	/* logits of the first sampled position (malloc'd) */

@@ -1,0 +1,542 @@
+/*
+ * test_engine.c — the engine's request handling on the fixture model:
+ * validation errors, cancellation, admission limits, KV accounting, the
+ * sampler's options, stop strings and text streaming.
+ */
+#include <math.h>
+
+#include "harness.h"
+#include "test.h"
+
+#define NEED_MODEL() \
+	const char *model = h_fixture_model(); \
+	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)")
+
+static const int32_t prompt_ids[] = {2, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009};
+
+static int
+kv_used(g4_engine *e)
+{
+	g4_stats	st;
+	int			g,
+				used = 0;
+
+	g4_stats_get(e, &st);
+	for (g = 0; g < st.n_groups; g++)
+		used += (int) st.groups[g].blocks_used;
+	return used;
+}
+
+G4_TEST(engine_rejects_bad_requests)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	uint64_t	id;
+	int32_t		bad[2] = {2, 999999};
+	g4_message	sys_late[2];
+
+	NEED_MODEL();
+	h_options(&o, model);
+	o.max_model_len = 64;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+
+	h_token_request(&req, prompt_ids, 11, 8);
+	req.sampling.temperature = -1.0f;
+	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_INVALID);
+	CHECK(strstr(err.msg, "temperature"));
+
+	h_token_request(&req, prompt_ids, 11, 8);
+	req.sampling.top_p = 0.0f;
+	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_INVALID);
+	CHECK(strstr(err.msg, "top_p"));
+
+	h_token_request(&req, prompt_ids, 11, -3);
+	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_INVALID);
+	CHECK(strstr(err.msg, "max_tokens"));
+
+	h_token_request(&req, prompt_ids, 11, 60);
+	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_TOO_LONG);
+	CHECK(strstr(err.msg, "context window"));
+
+	h_token_request(&req, bad, 2, 4);
+	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_INVALID);
+	CHECK(strstr(err.msg, "outside the vocabulary"));
+
+	memset(&req, 0, sizeof(req));
+	g4_sampling_default(&req.sampling);
+	req.input_kind = G4_INPUT_TEXT;
+	req.prompt = "";
+	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_INVALID);
+	CHECK(strstr(err.msg, "empty"));
+
+	{
+		/* a prompt longer than the window */
+		char		text[4096];
+		int			i;
+
+		for (i = 0; i < 4000; i += 4)
+			memcpy(text + i, "abc ", 4);
+		text[4000] = '\0';
+		req.prompt = text;
+		CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_TOO_LONG);
+		CHECK(strstr(err.msg, "prompt has"));
+	}
+
+	memset(sys_late, 0, sizeof(sys_late));
+	sys_late[0].role = G4_ROLE_USER;
+	sys_late[0].content = "hi";
+	sys_late[1].role = G4_ROLE_SYSTEM;
+	sys_late[1].content = "be brief";
+	memset(&req, 0, sizeof(req));
+	g4_sampling_default(&req.sampling);
+	req.input_kind = G4_INPUT_CHAT;
+	req.messages = sys_late;
+	req.n_messages = 2;
+	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_INVALID);
+	CHECK(strstr(err.msg, "system"));
+
+	{
+		const char *stops[1] = {""};
+
+		h_token_request(&req, prompt_ids, 11, 8);
+		req.stop = stops;
+		req.n_stop = 1;
+		CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_INVALID);
+		CHECK(strstr(err.msg, "stop string"));
+	}
+	CHECK(!g4_has_work(e));
+	CHECK_INT(kv_used(e), 0);
+	g4_close(e);
+}
+
+G4_TEST(engine_request_that_can_never_fit_fails_at_submit)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	uint64_t	id;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	o.max_num_seqs = 2;
+	o.max_num_batched_tokens = 16;
+	/* sliding windows for 2 sequences plus 4 full blocks (64 tokens) */
+	o.kv_pool_bytes = 9 * 16384 + 4 * 4096;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	h_token_request(&req, prompt_ids, 11, 100);
+	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_TOO_LONG);
+	CHECK(strstr(err.msg, "KV blocks"));
+	h_token_request(&req, prompt_ids, 11, 40);
+	CHECK_OK(g4_submit(e, &req, &id, &err), &err);
+	g4_close(e);
+}
+
+G4_TEST(engine_cancel_frees_blocks_at_once)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	h_result	res[3];
+	h_run		run = {res, 3};
+	int			i;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	memset(res, 0, sizeof(res));
+	h_attach(e, &run);
+	for (i = 0; i < 3; i++)
+	{
+		h_token_request(&req, prompt_ids, 11, 200);
+		CHECK_OK(g4_submit(e, &req, &res[i].id, &err), &err);
+	}
+	for (i = 0; i < 5; i++)
+		CHECK(g4_step(e, h_on_event, &run, &err) >= 0);
+	CHECK(kv_used(e) > 0);
+	for (i = 0; i < 3; i++)
+	{
+		g4_cancel(e, res[i].id, h_on_event, &run);
+		CHECK(res[i].finished);
+		CHECK_INT(res[i].finish_reason, G4_FINISH_CANCELLED);
+	}
+	/* freed before the next step */
+	CHECK_INT(kv_used(e), 0);
+	CHECK(!g4_has_work(e));
+	g4_cancel(e, 12345, h_on_event, &run);	/* unknown ids are ignored */
+	for (i = 0; i < 3; i++)
+		h_result_free(&res[i]);
+	g4_close(e);
+}
+
+G4_TEST(engine_admission_respects_max_num_seqs)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	h_result	res[6];
+	h_run		run = {res, 6};
+	g4_stats	st;
+	int			i;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	o.max_num_seqs = 2;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	memset(res, 0, sizeof(res));
+	h_attach(e, &run);
+	for (i = 0; i < 6; i++)
+	{
+		h_token_request(&req, prompt_ids, 11, 12);
+		CHECK_OK(g4_submit(e, &req, &res[i].id, &err), &err);
+	}
+	CHECK(g4_step(e, h_on_event, &run, &err) >= 0);
+	g4_stats_get(e, &st);
+	CHECK_INT(st.live_seqs, 2);
+	CHECK_INT(st.waiting_seqs, 4);
+	{
+		g4_seq_info info[8];
+		int			n = g4_seqs_get(e, info, 8);
+		int			waiting = 0;
+
+		CHECK_INT(n, 6);
+		for (i = 0; i < n; i++)
+			waiting += info[i].state == G4_SEQ_WAITING;
+		CHECK_INT(waiting, 4);
+	}
+	CHECK_OK(h_drain(e, &run, 1000, &err), &err);
+	g4_stats_get(e, &st);
+	CHECK(st.batch_seqs_max == 2);
+	CHECK_INT(st.requests_finished, 6);
+	for (i = 1; i < 6; i++)
+	{
+		/* same prompt, greedy: same output whatever the batch */
+		CHECK_INT(res[i].n_tokens, res[0].n_tokens);
+		CHECK(memcmp(res[i].tokens, res[0].tokens, sizeof(int32_t) * (size_t) res[0].n_tokens) == 0);
+	}
+	CHECK_INT(kv_used(e), 0);
+	for (i = 0; i < 6; i++)
+		h_result_free(&res[i]);
+	g4_close(e);
+}
+
+G4_TEST(engine_kv_accounting)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_stats	st;
+	const g4_model *m;
+	size_t		per_full;
+	int			g;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	o.kv_dtype = G4_KV_TURBOQUANT_K8V4;
+	o.max_model_len = 1024;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	g4_stats_get(e, &st);
+	CHECK_INT(st.n_groups, 2);
+	for (g = 0; g < st.n_groups; g++)
+	{
+		CHECK_INT(st.groups[g].blocks_used, 0);
+		CHECK(st.groups[g].blocks_total > 0);
+		CHECK_INT(st.groups[g].block_tokens, G4_KV_BLOCK_TOKENS);
+	}
+	CHECK(st.kv_bytes_total > 0 && st.kv_bytes_total <= o.kv_pool_bytes);
+	m = g4_engine_model(e);
+	/* the fixture's full layers: one KV head of 32 stored once, 8-bit + f16 scale */
+	per_full = g4_kv_group_token_bytes(m, G4_KV_TURBOQUANT_K8V4, G4_KVG_FULL);
+	CHECK_INT(per_full, 2 * (32 + 2));
+	/* fit counts full-context sequences against the free blocks, sliding
+	 * layers at their window, bounded by max_num_seqs */
+	{
+		int64_t		full_blocks = st.groups[1].blocks_total;
+		int64_t		expect = G4_MIN(full_blocks / (1024 / G4_KV_BLOCK_TOKENS), (int64_t) o.max_num_seqs);
+
+		CHECK_INT(st.fit_full_context, expect);
+	}
+	g4_close(e);
+}
+
+G4_TEST(engine_kv_turboquant_size_ratio)
+{
+	/* bytes per token and head: k8v4 against bf16 at the 12B's widths */
+	size_t		bf16_256 = g4_kv_head_block_bytes(G4_KV_BF16, 256, 0);
+	size_t		tq_256 = g4_kv_head_block_bytes(G4_KV_TURBOQUANT_K8V4, 256, 0);
+	size_t		bf16_512 = g4_kv_head_block_bytes(G4_KV_BF16, 512, 0);
+	size_t		tq_512 = g4_kv_head_block_bytes(G4_KV_TURBOQUANT_K8V4, 512, 0);
+
+	printf("    figure: turboquant_k8v4 is %.3fx smaller than bf16 at head_dim 256, %.3fx at 512 "
+		   "(K and V stored); %.3fx for a K-from-V vector of 512\n",
+		   (double) bf16_256 / (double) tq_256, (double) bf16_512 / (double) tq_512,
+		   (double) g4_kv_head_block_bytes(G4_KV_BF16, 512, 1) /
+		   (double) g4_kv_head_block_bytes(G4_KV_TURBOQUANT_K8V4, 512, 1));
+	CHECK((double) bf16_256 / (double) tq_256 >= 2.6);
+	CHECK((double) bf16_512 / (double) tq_512 >= 2.6);
+	CHECK_INT(tq_256, 16 * 390);
+}
+
+/* Run one request to completion and return its result. */
+static void
+run_one(g4_engine *e, g4_request *req, h_result *res)
+{
+	h_run		run = {res, 1};
+	g4_err		err;
+
+	memset(res, 0, sizeof(*res));
+	h_attach(e, &run);
+	if (g4_submit(e, req, &res->id, &err) != G4_OK)
+	{
+		res->failed = 1;
+		snprintf(res->error, sizeof(res->error), "%s", err.msg);
+		return;
+	}
+	if (h_drain(e, &run, 10000, &err) != 0)
+	{
+		res->failed = 1;
+		snprintf(res->error, sizeof(res->error), "%s", err.msg);
+	}
+}
+
+G4_TEST(engine_sampling_seed_and_options)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	h_result	a,
+				b,
+				c,
+				greedy,
+				k1;
+	int			differs = 0,
+				i;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	h_token_request(&req, prompt_ids, 11, 24);
+	req.sampling.temperature = 1.0f;
+	req.sampling.seed = 42;
+	req.sampling.has_seed = 1;
+	run_one(e, &req, &a);
+	run_one(e, &req, &b);
+	req.sampling.seed = 43;
+	run_one(e, &req, &c);
+	CHECK(!a.failed && !b.failed && !c.failed);
+	/* same seed, same output; another seed, another output */
+	CHECK_INT(a.n_tokens, b.n_tokens);
+	CHECK(memcmp(a.tokens, b.tokens, sizeof(int32_t) * (size_t) a.n_tokens) == 0);
+	for (i = 0; i < a.n_tokens && i < c.n_tokens; i++)
+		differs |= a.tokens[i] != c.tokens[i];
+	CHECK(differs);
+	/* top_k = 1 at any temperature is greedy */
+	h_token_request(&req, prompt_ids, 11, 24);
+	run_one(e, &req, &greedy);
+	req.sampling.temperature = 5.0f;
+	req.sampling.top_k = 1;
+	run_one(e, &req, &k1);
+	CHECK_INT(k1.n_tokens, greedy.n_tokens);
+	CHECK(memcmp(k1.tokens, greedy.tokens, sizeof(int32_t) * (size_t) greedy.n_tokens) == 0);
+	h_result_free(&a);
+	h_result_free(&b);
+	h_result_free(&c);
+	h_result_free(&greedy);
+	h_result_free(&k1);
+	g4_close(e);
+}
+
+G4_TEST(engine_max_tokens_and_usage)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	h_result	r;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	h_token_request(&req, prompt_ids, 11, 5);
+	run_one(e, &req, &r);
+	CHECK(!r.failed);
+	CHECK_INT(r.prompt_tokens, 11);
+	CHECK(r.completion_tokens <= 5);
+	if (r.completion_tokens == 5)
+		CHECK_INT(r.finish_reason, G4_FINISH_LENGTH);
+	h_result_free(&r);
+	g4_close(e);
+}
+
+G4_TEST(engine_stop_strings_cut_output)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	h_result	full,
+				cut;
+	const char *stops[1];
+	char		needle[16];
+
+	NEED_MODEL();
+	h_options(&o, model);
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	h_token_request(&req, prompt_ids, 11, 40);
+	run_one(e, &req, &full);
+	CHECK(!full.failed && full.text && full.text_len > 12);
+	/* stop on a piece from the middle of the greedy text */
+	memcpy(needle, full.text + full.text_len / 2, 3);
+	needle[3] = '\0';
+	stops[0] = needle;
+	req.stop = stops;
+	req.n_stop = 1;
+	run_one(e, &req, &cut);
+	CHECK(!cut.failed);
+	CHECK_INT(cut.finish_reason, G4_FINISH_STOP);
+	/* output is the text before the first occurrence, stop string excluded */
+	{
+		const char *first = strstr(full.text, needle);
+
+		CHECK(first);
+		CHECK_INT(cut.text_len, first - full.text);
+		CHECK(cut.text_len == 0 || memcmp(cut.text, full.text, cut.text_len) == 0);
+	}
+	h_result_free(&full);
+	h_result_free(&cut);
+	g4_close(e);
+}
+
+G4_TEST(engine_streamed_text_equals_detokenized_tokens)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	h_result	r;
+	char	   *text = NULL;
+	size_t		len = 0;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	h_token_request(&req, prompt_ids, 11, 64);
+	req.sampling.temperature = 1.0f;
+	req.sampling.seed = 7;
+	req.sampling.has_seed = 1;
+	run_one(e, &req, &r);
+	CHECK(!r.failed);
+	CHECK_OK(g4_detokenize(e, r.tokens, r.n_tokens, &text, &len, &err), &err);
+	CHECK_INT(r.text_len, len);
+	CHECK(len == 0 || memcmp(r.text, text, len) == 0);
+	free(text);
+	h_result_free(&r);
+	g4_close(e);
+}
+
+G4_TEST(engine_penalties_change_choices)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	h_result	plain,
+				pen;
+	int			repeats_plain = 0,
+				repeats_pen = 0,
+				i,
+				j;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	h_token_request(&req, prompt_ids, 11, 48);
+	run_one(e, &req, &plain);
+	req.sampling.frequency_penalty = 2.0f;
+	req.sampling.presence_penalty = 2.0f;
+	req.sampling.repetition_penalty = 1.5f;
+	run_one(e, &req, &pen);
+	CHECK(!plain.failed && !pen.failed);
+	for (i = 0; i < plain.n_tokens; i++)
+		for (j = 0; j < i; j++)
+			if (plain.tokens[i] == plain.tokens[j])
+			{
+				repeats_plain++;
+				break;
+			}
+	for (i = 0; i < pen.n_tokens; i++)
+		for (j = 0; j < i; j++)
+			if (pen.tokens[i] == pen.tokens[j])
+			{
+				repeats_pen++;
+				break;
+			}
+	printf("    repeated tokens: %d greedy, %d with penalties\n", repeats_plain, repeats_pen);
+	CHECK(repeats_pen < repeats_plain || repeats_plain == 0);
+	h_result_free(&plain);
+	h_result_free(&pen);
+	g4_close(e);
+}
+
+/* Sampler unit tests on synthetic logits. */
+G4_TEST(sampler_filters)
+{
+	float		logits[8];
+	g4_sampling p;
+	g4_rng		rng;
+	g4_sampler_scratch sc = {0};
+	int			counts[8] = {0};
+	int			i;
+	int32_t		suppress[1] = {0};
+
+	g4_rng_seed(&rng, 1);
+	g4_sampling_default(&p);
+	for (i = 0; i < 8; i++)
+		logits[i] = (float) i;
+	CHECK_INT(g4_sample(logits, 8, &p, NULL, NULL, 0, &rng, &sc), 7);
+	/* suppressed ids are never chosen */
+	for (i = 0; i < 8; i++)
+		logits[i] = i == 0 ? 100.0f : 0.0f;
+	CHECK(g4_sample(logits, 8, &p, NULL, suppress, 1, &rng, &sc) != 0);
+	/* top_p keeps the smallest set reaching the mass: two equal top ids at
+	 * 0.45 each, top_p 0.5 keeps both and nothing else */
+	p.temperature = 1.0f;
+	p.top_p = 0.5f;
+	for (i = 0; i < 2000; i++)
+	{
+		float		l[8] = {0, 0, 0, 0, 0, 0, 5.0f, 5.0f};
+
+		counts[g4_sample(l, 8, &p, NULL, NULL, 0, &rng, &sc)]++;
+	}
+	CHECK_INT(counts[0] + counts[1] + counts[2] + counts[3] + counts[4] + counts[5], 0);
+	CHECK(counts[6] > 800 && counts[7] > 800);
+	/* min_p drops ids below min_p times the best probability */
+	memset(counts, 0, sizeof(counts));
+	p.top_p = 1.0f;
+	p.min_p = 0.5f;
+	for (i = 0; i < 1000; i++)
+	{
+		float		l[8] = {0, 0, 0, 0, 0, 0, 1.0f, 1.2f};
+
+		counts[g4_sample(l, 8, &p, NULL, NULL, 0, &rng, &sc)]++;
+	}
+	CHECK_INT(counts[0] + counts[1] + counts[2] + counts[3] + counts[4] + counts[5], 0);
+	/* temperature: the empirical frequency follows softmax(l / T) */
+	memset(counts, 0, sizeof(counts));
+	p.min_p = 0.0f;
+	p.temperature = 2.0f;
+	for (i = 0; i < 20000; i++)
+	{
+		float		l[8] = {0, 0, 0, 0, 0, 0, 0, (float) (2.0 * log(3.0))};
+
+		counts[g4_sample(l, 8, &p, NULL, NULL, 0, &rng, &sc)]++;
+	}
+	/* P(7) = 3 / (7 + 3) = 0.3 */
+	CHECK_NEAR(counts[7] / 20000.0, 0.3, 0.02);
+	g4_sampler_scratch_free(&sc);
+}

@@ -1,0 +1,189 @@
+/*
+ * test_load.c — opening models: every way a model directory can be wrong
+ * produces an error that names the problem; the bf16 (dense) checkpoint
+ * form loads and matches transformers like the int4 one.
+ */
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "test.h"
+
+#define NEED_MODEL() \
+	const char *model = h_fixture_model(); \
+	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)")
+
+/* Copy the fixture into tmpdir/name, replacing `from` by `to` in config.json
+ * (when given) and truncating model.safetensors to `trunc` bytes (when > 0). */
+static int
+broken_copy(const char *model, const char *name, const char *from, const char *to, long trunc, char *out,
+			size_t out_len)
+{
+	static const char *const files[] = {"config.json", "generation_config.json", "model.safetensors",
+	"tokenizer.json", "tokenizer_config.json"};
+	size_t		k;
+
+	snprintf(out, out_len, "%s/%s", g4_test_tmpdir(), name);
+	mkdir(out, 0755);
+	for (k = 0; k < G4_ARRAY_LEN(files); k++)
+	{
+		char		src[4096],
+					dst[4200];
+		char	   *data;
+		size_t		len;
+		g4_err		err;
+		FILE	   *f;
+
+		snprintf(src, sizeof(src), "%s/%s", model, files[k]);
+		snprintf(dst, sizeof(dst), "%s/%s", out, files[k]);
+		if (g4_read_file(src, &data, &len, &err) != G4_OK)
+			return -1;
+		f = fopen(dst, "wb");
+		if (!f)
+		{
+			free(data);
+			return -1;
+		}
+		if (k == 0 && from)
+		{
+			char	   *at = strstr(data, from);
+
+			if (!at)
+			{
+				fclose(f);
+				free(data);
+				return -1;
+			}
+			fwrite(data, 1, (size_t) (at - data), f);
+			fputs(to, f);
+			fputs(at + strlen(from), f);
+		}
+		else if (k == 2 && trunc > 0)
+			fwrite(data, 1, (size_t) trunc, f);
+		else
+			fwrite(data, 1, len, f);
+		fclose(f);
+		free(data);
+	}
+	return 0;
+}
+
+static int
+open_err(const char *path, g4_err *err)
+{
+	g4_options	o;
+	g4_engine  *e = NULL;
+	int			rc;
+
+	h_options(&o, path);
+	rc = g4_open(&o, &e, err);
+	if (rc == G4_OK)
+		g4_close(e);
+	return rc;
+}
+
+G4_TEST(load_errors_name_the_problem)
+{
+	g4_err		err;
+	char		dir[4096];
+
+	NEED_MODEL();
+	CHECK_INT(open_err("/nonexistent/model", &err), G4_ERR_IO);
+	CHECK(strstr(err.msg, "no such model"));
+
+	CHECK_INT(open_err(g4_test_tmpdir(), &err), G4_ERR_IO);
+	CHECK(strstr(err.msg, "config.json"));
+
+	CHECK(broken_copy(model, "arch", "\"model_type\": \"gemma4_unified\"", "\"model_type\": \"llama\"", 0, dir,
+					  sizeof(dir)) == 0);
+	CHECK_INT(open_err(dir, &err), G4_ERR_UNSUPPORTED);
+	CHECK_MSG(strstr(err.msg, "unknown architecture") && strstr(err.msg, "llama"), "%s", err.msg);
+
+	CHECK(broken_copy(model, "shape", "\"intermediate_size\": 128", "\"intermediate_size\": 256", 0, dir,
+					  sizeof(dir)) == 0);
+	CHECK_INT(open_err(dir, &err), G4_ERR_FORMAT);
+	CHECK_MSG(strstr(err.msg, "mlp.gate_proj.weight_packed") && strstr(err.msg, "expected"), "%s", err.msg);
+
+	CHECK(broken_copy(model, "group", "\"group_size\": 32", "\"group_size\": 128", 0, dir, sizeof(dir)) == 0);
+	CHECK_INT(open_err(dir, &err), G4_ERR_UNSUPPORTED);
+	CHECK_MSG(strstr(err.msg, "group size 128"), "%s", err.msg);
+
+	CHECK(broken_copy(model, "trunc", NULL, NULL, 200000, dir, sizeof(dir)) == 0);
+	CHECK(open_err(dir, &err) != G4_OK);
+	CHECK_MSG(strstr(err.msg, "truncated") || strstr(err.msg, "past the end") || strstr(err.msg, "bytes"), "%s",
+			  err.msg);
+
+	CHECK(broken_copy(model, "nofile", NULL, NULL, 0, dir, sizeof(dir)) == 0);
+	{
+		char		st[4200];
+
+		snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+		unlink(st);
+	}
+	CHECK_INT(open_err(dir, &err), G4_ERR_IO);
+	CHECK_MSG(strstr(err.msg, "safetensors"), "%s", err.msg);
+
+	CHECK(broken_copy(model, "notok", NULL, NULL, 0, dir, sizeof(dir)) == 0);
+	{
+		char		tj[4200];
+
+		snprintf(tj, sizeof(tj), "%s/tokenizer.json", dir);
+		unlink(tj);
+	}
+	CHECK_INT(open_err(dir, &err), G4_ERR_IO);
+	CHECK_MSG(strstr(err.msg, "tokenizer.json"), "%s", err.msg);
+}
+
+G4_TEST(load_dense_bf16_checkpoint_matches_transformers)
+{
+	const char *dense = getenv("G4_FIXTURE_DENSE");
+	h_golden	G;
+	char		why[512];
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	const g4j  *cases;
+	size_t		k;
+
+	if (!dense || !g4_is_dir(dense))
+		G4_SKIP("G4_FIXTURE_DENSE not set (run through make check-engine)");
+	CHECK_MSG(h_golden_load("model-tiny-dense", &G, why, sizeof(why)) == 0, "%s", why);
+	h_options(&o, dense);
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	cases = g4j_get(g4j_root(G.doc), "cases");
+	for (k = 0; k < g4j_len(cases); k++)
+	{
+		const g4j  *c = g4j_at(cases, k);
+		h_result	res;
+		h_run		run = {&res, 1};
+		g4_request	req;
+		int32_t    *ids,
+				   *want;
+		int			n,
+					nw,
+					i;
+		double		d64;
+		double		bound = 3.0 * g4j_get_num(c, "fp32_vs_fp64", 0) + 1e-6;
+
+		if (!g4j_get(c, "greedy"))
+			continue;			/* the text cases */
+		memset(&res, 0, sizeof(res));
+		h_attach(e, &run);
+		ids = h_ints(g4j_get(c, "ids"), &n);
+		want = h_ints(g4j_get(c, "greedy"), &nw);
+		h_token_request(&req, ids, n, nw);
+		CHECK_OK(g4_submit(e, &req, &res.id, &err), &err);
+		CHECK_OK(h_drain(e, &run, 10000, &err), &err);
+		d64 = h_max_abs_diff(res.first_logits, G.data + g4j_get_int(c, "logits64_offset", 0), res.vocab, NULL);
+		printf("    %-12s |engine - float64| = %.2e (bound %.2e)\n", g4j_get_str(c, "name"), d64, bound);
+		CHECK(d64 <= bound);
+		for (i = 0; i < nw && i < res.n_tokens; i++)
+			CHECK_INT(res.tokens[i], want[i]);
+		CHECK_INT(res.n_tokens, nw);
+		h_result_free(&res);
+		free(ids);
+		free(want);
+	}
+	g4_close(e);
+	h_golden_free(&G);
+}
