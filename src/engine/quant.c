@@ -1070,109 +1070,130 @@ dequant_avx2(int fmt, const void *row, const uint16_t *scales, int64_t in,
 }
 
 /*
- * Multiply-accumulate a decoded chunk w[0..len8) (len8 a multiple of 8) into
- * the accumulators of 8, 4 or 1 activation rows.  Eight independent FMA
- * chains in each case keep both FMA pipes busy; every x element is loaded
- * once, the decoded weights once per group of rows.
+ * Batch invariance: a row's dot product must not depend on how many
+ * activation rows it is multiplied with (the engine batches sequences, and
+ * a sequence's output must not change with its company).  So the many-rows
+ * path adds exactly what the one-row path adds, in the same order: each
+ * format's fused decoder (EMIT_FMA above) sends the 8-element vector at
+ * vector index v of the row to one of four accumulators, acc_slot(v) below,
+ * in increasing v; the four are then summed as (a0 + a1) + (a2 + a3),
+ * reduced across lanes, and the elements after the last whole unit are
+ * added one by one.
+ */
+enum
+{
+	SLOTS_PLAIN = 0,			/* period 4 vectors: v % 4 */
+	SLOTS_K45 = 1,				/* Q4_K/Q5_K, period 8: (v % 8 < 4 ? 0 : 2) + v % 2 */
+	SLOTS_Q6K = 2				/* Q6_K, period 16: (v % 16) / 4 */
+};
+
+static inline int
+slot_class(int fmt)
+{
+	if (fmt == G4_W_Q4_K || fmt == G4_W_Q5_K)
+		return SLOTS_K45;
+	if (fmt == G4_W_Q6_K)
+		return SLOTS_Q6K;
+	return SLOTS_PLAIN;
+}
+
+AVX2_INLINE int
+acc_slot(int cls, int v)
+{
+	switch (cls)
+	{
+		case SLOTS_K45:
+			return ((v & 7) < 4 ? 0 : 2) + (v & 1);
+		case SLOTS_Q6K:
+			return (v & 15) / 4;
+	}
+	return v & 3;
+}
+
+AVX2_INLINE int
+slot_period(int cls)
+{
+	return cls == SLOTS_Q6K ? 16 : cls == SLOTS_K45 ? 8 : 4;
+}
+
+/*
+ * Multiply-accumulate decoded weights w[0 .. nvec*8) (nvec a multiple of
+ * the class period) into four accumulators per activation row, for two rows
+ * (acc[0..3], acc[4..7]) or one.  The inner loop is unrolled over one
+ * period, so every slot index is a constant.
  */
 AVX2_INLINE void
-mac8(const float *w, int64_t len8, const float *x, int64_t xs, __m256 *acc)
+mac2(int cls, const float *w, int64_t nvec, const float *x0, const float *x1, __m256 *acc)
 {
-	__m256		a0 = acc[0],
-				a1 = acc[1],
-				a2 = acc[2],
-				a3 = acc[3],
-				a4 = acc[4],
-				a5 = acc[5],
-				a6 = acc[6],
-				a7 = acc[7];
-	int64_t		i;
+	__m256		a[8];
+	int			period = slot_period(cls);
+	int64_t		v;
+	int			u;
 
-	for (i = 0; i < len8; i += 8)
+	for (u = 0; u < 8; u++)
+		a[u] = acc[u];
+	for (v = 0; v < nvec; v += period)
 	{
-		__m256		v = _mm256_load_ps(w + i);
+#pragma GCC unroll 16
+		for (u = 0; u < 16; u++)
+		{
+			if (u < period)
+			{
+				int			m = acc_slot(cls, u);
+				__m256		wv = _mm256_load_ps(w + 8 * (v + u));
 
-		a0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + i), a0);
-		a1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + xs + i), a1);
-		a2 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 2 * xs + i), a2);
-		a3 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 3 * xs + i), a3);
-		a4 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 4 * xs + i), a4);
-		a5 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 5 * xs + i), a5);
-		a6 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 6 * xs + i), a6);
-		a7 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 7 * xs + i), a7);
+				a[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x0 + 8 * (v + u)), a[m]);
+				a[4 + m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x1 + 8 * (v + u)), a[4 + m]);
+			}
+		}
 	}
-	acc[0] = a0;
-	acc[1] = a1;
-	acc[2] = a2;
-	acc[3] = a3;
-	acc[4] = a4;
-	acc[5] = a5;
-	acc[6] = a6;
-	acc[7] = a7;
+	for (u = 0; u < 8; u++)
+		acc[u] = a[u];
 }
 
 AVX2_INLINE void
-mac4(const float *w, int64_t len8, const float *x, int64_t xs, __m256 *acc)
+mac1(int cls, const float *w, int64_t nvec, const float *x0, __m256 *acc)
 {
-	__m256		a0 = acc[0],
-				a1 = acc[1],
-				a2 = acc[2],
-				a3 = acc[3];
-	__m256		b0 = _mm256_setzero_ps(),
-				b1 = _mm256_setzero_ps(),
-				b2 = _mm256_setzero_ps(),
-				b3 = _mm256_setzero_ps();
-	int64_t		i;
+	__m256		a[4];
+	int			period = slot_period(cls);
+	int64_t		v;
+	int			u;
 
-	for (i = 0; i + 16 <= len8; i += 16)
+	for (u = 0; u < 4; u++)
+		a[u] = acc[u];
+	for (v = 0; v < nvec; v += period)
 	{
-		__m256		v = _mm256_load_ps(w + i);
-		__m256		u = _mm256_load_ps(w + i + 8);
+#pragma GCC unroll 16
+		for (u = 0; u < 16; u++)
+		{
+			if (u < period)
+			{
+				int			m = acc_slot(cls, u);
 
-		a0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + i), a0);
-		a1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + xs + i), a1);
-		a2 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 2 * xs + i), a2);
-		a3 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 3 * xs + i), a3);
-		b0 = _mm256_fmadd_ps(u, _mm256_loadu_ps(x + i + 8), b0);
-		b1 = _mm256_fmadd_ps(u, _mm256_loadu_ps(x + xs + i + 8), b1);
-		b2 = _mm256_fmadd_ps(u, _mm256_loadu_ps(x + 2 * xs + i + 8), b2);
-		b3 = _mm256_fmadd_ps(u, _mm256_loadu_ps(x + 3 * xs + i + 8), b3);
+				a[m] = _mm256_fmadd_ps(_mm256_load_ps(w + 8 * (v + u)), _mm256_loadu_ps(x0 + 8 * (v + u)), a[m]);
+			}
+		}
 	}
-	if (i < len8)
-	{
-		__m256		v = _mm256_load_ps(w + i);
-
-		a0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + i), a0);
-		a1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + xs + i), a1);
-		a2 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 2 * xs + i), a2);
-		a3 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 3 * xs + i), a3);
-	}
-	acc[0] = _mm256_add_ps(a0, b0);
-	acc[1] = _mm256_add_ps(a1, b1);
-	acc[2] = _mm256_add_ps(a2, b2);
-	acc[3] = _mm256_add_ps(a3, b3);
+	for (u = 0; u < 4; u++)
+		acc[u] = a[u];
 }
 
-AVX2_INLINE void
-mac1(const float *w, int64_t len8, const float *x, __m256 *acc)
-{
-	__m256		a0 = acc[0],
-				a1 = _mm256_setzero_ps(),
-				a2 = _mm256_setzero_ps(),
-				a3 = _mm256_setzero_ps();
-	int64_t		i;
-
-	for (i = 0; i + 32 <= len8; i += 32)
-	{
-		a0 = _mm256_fmadd_ps(_mm256_load_ps(w + i), _mm256_loadu_ps(x + i), a0);
-		a1 = _mm256_fmadd_ps(_mm256_load_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-		a2 = _mm256_fmadd_ps(_mm256_load_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-		a3 = _mm256_fmadd_ps(_mm256_load_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-	}
-	for (; i < len8; i += 8)
-		a0 = _mm256_fmadd_ps(_mm256_load_ps(w + i), _mm256_loadu_ps(x + i), a0);
-	acc[0] = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+/* Instantiated per slot class so that cls is a constant inside. */
+#define MAC_INSTANCE(NAME, CLS) \
+static AVX2_FN void \
+mac2_##NAME(const float *w, int64_t nvec, const float *x0, const float *x1, __m256 *acc) \
+{ \
+	mac2(CLS, w, nvec, x0, x1, acc); \
+} \
+static AVX2_FN void \
+mac1_##NAME(const float *w, int64_t nvec, const float *x0, __m256 *acc) \
+{ \
+	mac1(CLS, w, nvec, x0, acc); \
 }
+
+MAC_INSTANCE(plain, SLOTS_PLAIN)
+MAC_INSTANCE(k45, SLOTS_K45)
+MAC_INSTANCE(q6k, SLOTS_Q6K)
 
 static AVX2_FN void
 dot_avx2(int fmt, const void *row, const uint16_t *scales, int64_t in,
@@ -1180,9 +1201,12 @@ dot_avx2(int fmt, const void *row, const uint16_t *scales, int64_t in,
 {
 	const uint8_t *r = (const uint8_t *) row;
 	int64_t		len_all = usable_len(fmt, in);
+	int64_t		unit = avx_unit_len(fmt);
+	int64_t		whole = len_all - len_all % unit;	/* decoded by the vector kernels */
+	int			cls = slot_class(fmt);
 	float		buf[CHUNK] __attribute__((aligned(32)));
-	__m256		acc[TBLK];
-	float		tail[TBLK];
+	float		tailw[32];
+	__m256		acc[TBLK][4];
 	int			t0;
 
 	if (n == 1)
@@ -1195,7 +1219,7 @@ dot_avx2(int fmt, const void *row, const uint16_t *scales, int64_t in,
 			s = avx_dot1[fmt] (r, scales, len_all, x, &done);
 		if (done < len_all)
 		{
-			/* fewer than 32 trailing elements (plain formats, I4G32) */
+			/* fewer than one unit of trailing elements (plain formats) */
 			decode_scalar(fmt, r, scales, done, len_all - done, buf);
 			for (i = 0; i < len_all - done; i++)
 				s += buf[i] * x[done + i];
@@ -1204,6 +1228,8 @@ dot_avx2(int fmt, const void *row, const uint16_t *scales, int64_t in,
 		return;
 	}
 
+	if (whole < len_all)
+		decode_scalar(fmt, r, scales, whole, len_all - whole, tailw);
 	for (t0 = 0; t0 < n; t0 += TBLK)
 	{
 		int			nt = G4_MIN(TBLK, n - t0);
@@ -1212,39 +1238,57 @@ dot_avx2(int fmt, const void *row, const uint16_t *scales, int64_t in,
 		int			t;
 
 		for (t = 0; t < nt; t++)
+			acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm256_setzero_ps();
+		/* CHUNK is a multiple of every unit and period: slots line up */
+		for (k0 = 0; k0 < whole; k0 += CHUNK)
 		{
-			acc[t] = _mm256_setzero_ps();
-			tail[t] = 0.0f;
-		}
-		for (k0 = 0; k0 < len_all; k0 += CHUNK)
-		{
-			int64_t		len = G4_MIN((int64_t) CHUNK, len_all - k0);
-			int64_t		done = avx_dec[fmt] (r, scales, k0, len, buf);
-			int64_t		len8;
+			int64_t		len = G4_MIN((int64_t) CHUNK, whole - k0);
+			int64_t		nvec = len / 8;
 
-			if (done < len)
-				decode_scalar(fmt, r, scales, k0 + done, len - done, buf + done);
-			len8 = len & ~(int64_t) 7;
-			t = 0;
-			for (; t + 8 <= nt; t += 8)
-				mac8(buf, len8, xt + t * x_stride + k0, x_stride, &acc[t]);
-			for (; t + 4 <= nt; t += 4)
-				mac4(buf, len8, xt + t * x_stride + k0, x_stride, &acc[t]);
-			for (; t < nt; t++)
-				mac1(buf, len8, xt + t * x_stride + k0, &acc[t]);
-			if (len8 < len)
+			avx_dec[fmt] (r, scales, k0, len, buf);
+			for (t = 0; t + 2 <= nt; t += 2)
 			{
-				for (t = 0; t < nt; t++)
-				{
-					int64_t		i;
+				const float *x0 = xt + t * x_stride + k0;
+				__m256		a[8];
+				int			u;
 
-					for (i = len8; i < len; i++)
-						tail[t] += buf[i] * xt[t * x_stride + k0 + i];
+				for (u = 0; u < 4; u++)
+				{
+					a[u] = acc[t][u];
+					a[4 + u] = acc[t + 1][u];
 				}
+				if (cls == SLOTS_K45)
+					mac2_k45(buf, nvec, x0, x0 + x_stride, a);
+				else if (cls == SLOTS_Q6K)
+					mac2_q6k(buf, nvec, x0, x0 + x_stride, a);
+				else
+					mac2_plain(buf, nvec, x0, x0 + x_stride, a);
+				for (u = 0; u < 4; u++)
+				{
+					acc[t][u] = a[u];
+					acc[t + 1][u] = a[4 + u];
+				}
+			}
+			for (; t < nt; t++)
+			{
+				if (cls == SLOTS_K45)
+					mac1_k45(buf, nvec, xt + t * x_stride + k0, acc[t]);
+				else if (cls == SLOTS_Q6K)
+					mac1_q6k(buf, nvec, xt + t * x_stride + k0, acc[t]);
+				else
+					mac1_plain(buf, nvec, xt + t * x_stride + k0, acc[t]);
 			}
 		}
 		for (t = 0; t < nt; t++)
-			out[(int64_t) (t0 + t) * out_stride] = hsum256(acc[t]) + tail[t];
+		{
+			float		s = hsum256(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
+											  _mm256_add_ps(acc[t][2], acc[t][3])));
+			int64_t		i;
+
+			for (i = whole; i < len_all; i++)
+				s += tailw[i - whole] * xt[t * x_stride + i];
+			out[(int64_t) (t0 + t) * out_stride] = s;
+		}
 	}
 }
 

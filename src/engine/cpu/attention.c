@@ -2,11 +2,14 @@
  * attention.c — CPU reference of the KV store and of attention over the
  * paged pool.
  *
- * Attention streams each query's visible keys [lo, hi) block by block with an
- * online softmax (running maximum and sum), so memory stays O(head_dim)
- * whatever the context.  When there are fewer (token, KV head) pairs than
- * threads, the key range is split and the partial results are merged by
- * log-sum-exp (split-KV), so a single long decode still uses every core.
+ * Attention streams each query's visible keys [lo, hi) with an online
+ * softmax (running maximum and sum), so memory stays O(head_dim) whatever
+ * the context.  The range is always cut into splits of SPLIT_KEYS keys,
+ * each attended from scratch, and the splits' results are merged in order
+ * by log-sum-exp.  The arithmetic is therefore fixed by the query's range
+ * alone: whether the splits of one query run on one thread (many queries)
+ * or on all of them (a lone long decode), and whatever else shares the
+ * batch, the result is the same to the bit.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -15,7 +18,7 @@
 #include "cpu.h"
 #include "util.h"
 
-#define SPLIT_MIN_KEYS 512
+#define SPLIT_KEYS 512
 #define MAX_HD 512
 #define MAX_GROUP 32			/* query heads per KV head */
 
@@ -85,9 +88,8 @@ typedef struct
 	const float *q;
 	int			q_stride;
 	float	   *out;
-	int			n_splits;
-	int			split_keys;
-	float	   *partial;		/* [n][kv][splits][group][hd + 2] when split */
+	int			max_splits;
+	float	   *partial;		/* parallel splits: [n][kv][max_splits][group][hd + 2] */
 	int			bad;
 } attn_ctx;
 
@@ -163,8 +165,33 @@ attend_range(const attn_ctx *a, int t, int g, int j0, int j1, float *acc, float 
 	return 0;
 }
 
+/* Fold a split's (m, l, a) into the running (M, S, A), in split order. */
 static void
-finish_head(const attn_ctx *a, float *acc, float sum, float *dst)
+merge_split(int hd, int first, float m, float l, const float *a, float *M, float *S, float *A)
+{
+	int			d;
+
+	if (first)
+	{
+		*M = m;
+		*S = l;
+		memcpy(A, a, (size_t) hd * sizeof(float));
+		return;
+	}
+	{
+		float		nm = fmaxf(*M, m);
+		float		cM = expf(*M - nm);
+		float		cm = expf(m - nm);
+
+		*S = *S * cM + l * cm;
+		for (d = 0; d < hd; d++)
+			A[d] = A[d] * cM + a[d] * cm;
+		*M = nm;
+	}
+}
+
+static void
+finish_head(const attn_ctx *a, const float *acc, float sum, float *dst)
 {
 	int			hd = a->L->head_dim;
 	int			d;
@@ -176,6 +203,25 @@ finish_head(const attn_ctx *a, float *acc, float sum, float *dst)
 		g4_hadamard(dst, hd);	/* values were stored rotated: undo once */
 }
 
+static int
+n_splits_of(const attn_ctx *a, int t)
+{
+	int			len = a->c->hi[a->L->group][t] - a->c->lo[a->L->group][t];
+
+	return len > 0 ? G4_DIV_UP(len, SPLIT_KEYS) : 1;
+}
+
+static float *
+partial_at(const attn_ctx *a, int t, int g, int split, int h)
+{
+	const g4_kv_layer *L = a->L;
+	size_t		gq = (size_t) (L->n_heads / L->n_kv_heads);
+
+	return a->partial + ((((size_t) t * L->n_kv_heads + (size_t) g) * (size_t) a->max_splits + (size_t) split) *
+						 gq + (size_t) h) * (size_t) (L->head_dim + 2);
+}
+
+/* Every split of one (token, KV head), merged as it goes. */
 static void
 attn_item(void *arg, int64_t item, int thread)
 {
@@ -183,60 +229,72 @@ attn_item(void *arg, int64_t item, int thread)
 	const g4_kv_layer *L = a->L;
 	int			hd = L->head_dim;
 	int			gq = L->n_heads / L->n_kv_heads;
-	int			split = (int) (item % a->n_splits);
-	int			g = (int) ((item / a->n_splits) % L->n_kv_heads);
-	int			t = (int) (item / a->n_splits / L->n_kv_heads);
+	int			g = (int) (item % L->n_kv_heads);
+	int			t = (int) (item / L->n_kv_heads);
 	int			lo = a->c->lo[L->group][t];
 	int			hi = a->c->hi[L->group][t];
+	int			ns = n_splits_of(a, t);
+	float		acc[MAX_GROUP * MAX_HD];
+	float		run[MAX_GROUP * MAX_HD];
+	float		mx[MAX_GROUP],
+				sum[MAX_GROUP],
+				M[MAX_GROUP],
+				S[MAX_GROUP];
+	int			s,
+				h;
+
+	for (s = 0; s < ns; s++)
+	{
+		int			j0 = lo + s * SPLIT_KEYS;
+
+		if (attend_range(a, t, g, j0, G4_MIN(hi, j0 + SPLIT_KEYS), acc, mx, sum) != 0)
+		{
+			a->bad = 1;
+			return;
+		}
+		for (h = 0; h < gq; h++)
+			merge_split(hd, s == 0, mx[h], sum[h], acc + (size_t) h * hd, &M[h], &S[h], run + (size_t) h * hd);
+	}
+	for (h = 0; h < gq; h++)
+		finish_head(a, run + (size_t) h * hd, S[h],
+					a->out + (size_t) t * L->n_heads * hd + (size_t) (g * gq + h) * hd);
+}
+
+/* One split of one (token, KV head), to the partial buffer. */
+static void
+split_item(void *arg, int64_t item, int thread)
+{
+	attn_ctx   *a = arg;
+	const g4_kv_layer *L = a->L;
+	int			hd = L->head_dim;
+	int			gq = L->n_heads / L->n_kv_heads;
+	int			s = (int) (item % a->max_splits);
+	int			g = (int) ((item / a->max_splits) % L->n_kv_heads);
+	int			t = (int) (item / a->max_splits / L->n_kv_heads);
+	int			j0 = a->c->lo[L->group][t] + s * SPLIT_KEYS;
 	float		acc[MAX_GROUP * MAX_HD];
 	float		mx[MAX_GROUP],
 				sum[MAX_GROUP];
 	int			h;
 
-	if (a->n_splits == 1)
+	if (s >= n_splits_of(a, t))
+		return;
+	if (attend_range(a, t, g, j0, G4_MIN(a->c->hi[L->group][t], j0 + SPLIT_KEYS), acc, mx, sum) != 0)
 	{
-		if (attend_range(a, t, g, lo, hi, acc, mx, sum) != 0)
-		{
-			a->bad = 1;
-			return;
-		}
-		for (h = 0; h < gq; h++)
-			finish_head(a, acc + (size_t) h * hd, sum[h],
-						a->out + (size_t) t * L->n_heads * hd + (size_t) (g * gq + h) * hd);
+		a->bad = 1;
+		return;
 	}
-	else
+	for (h = 0; h < gq; h++)
 	{
-		int			j0 = lo + split * a->split_keys;
-		int			j1 = G4_MIN(hi, j0 + a->split_keys);
-		float	   *p = a->partial + (((size_t) t * L->n_kv_heads + (size_t) g) * a->n_splits + (size_t) split) *
-			(size_t) gq * (size_t) (hd + 2);
+		float	   *ph = partial_at(a, t, g, s, h);
 
-		if (j0 >= j1)
-		{
-			for (h = 0; h < gq; h++)
-			{
-				p[(size_t) h * (hd + 2)] = -INFINITY;
-				p[(size_t) h * (hd + 2) + 1] = 0.0f;
-			}
-			return;
-		}
-		if (attend_range(a, t, g, j0, j1, acc, mx, sum) != 0)
-		{
-			a->bad = 1;
-			return;
-		}
-		for (h = 0; h < gq; h++)
-		{
-			float	   *ph = p + (size_t) h * (hd + 2);
-
-			ph[0] = mx[h];
-			ph[1] = sum[h];
-			memcpy(ph + 2, acc + (size_t) h * hd, (size_t) hd * sizeof(float));
-		}
+		ph[0] = mx[h];
+		ph[1] = sum[h];
+		memcpy(ph + 2, acc + (size_t) h * hd, (size_t) hd * sizeof(float));
 	}
 }
 
-/* Merge the splits of one (token, KV head) by log-sum-exp. */
+/* Merge the partials of one (token, KV head), in split order. */
 static void
 merge_item(void *arg, int64_t item, int thread)
 {
@@ -246,38 +304,23 @@ merge_item(void *arg, int64_t item, int thread)
 	int			gq = L->n_heads / L->n_kv_heads;
 	int			g = (int) (item % L->n_kv_heads);
 	int			t = (int) (item / L->n_kv_heads);
-	float		acc[MAX_HD];
+	int			ns = n_splits_of(a, t);
+	float		run[MAX_HD];
 	int			h,
-				s,
-				d;
+				s;
 
 	for (h = 0; h < gq; h++)
 	{
-		float		m = -INFINITY;
-		float		sum = 0.0f;
+		float		M = 0.0f,
+					S = 0.0f;
 
-		for (s = 0; s < a->n_splits; s++)
+		for (s = 0; s < ns; s++)
 		{
-			const float *ph = a->partial + ((((size_t) t * L->n_kv_heads + (size_t) g) * a->n_splits + (size_t) s) *
-											(size_t) gq + (size_t) h) * (size_t) (hd + 2);
+			const float *ph = partial_at(a, t, g, s, h);
 
-			m = fmaxf(m, ph[0]);
+			merge_split(hd, s == 0, ph[0], ph[1], ph + 2, &M, &S, run);
 		}
-		memset(acc, 0, (size_t) hd * sizeof(float));
-		for (s = 0; s < a->n_splits; s++)
-		{
-			const float *ph = a->partial + ((((size_t) t * L->n_kv_heads + (size_t) g) * a->n_splits + (size_t) s) *
-											(size_t) gq + (size_t) h) * (size_t) (hd + 2);
-			float		w;
-
-			if (ph[0] == -INFINITY)
-				continue;
-			w = expf(ph[0] - m);
-			sum += ph[1] * w;
-			for (d = 0; d < hd; d++)
-				acc[d] += ph[2 + d] * w;
-		}
-		finish_head(a, acc, sum, a->out + (size_t) t * L->n_heads * hd + (size_t) (g * gq + h) * hd);
+		finish_head(a, run, S, a->out + (size_t) t * L->n_heads * hd + (size_t) (g * gq + h) * hd);
 	}
 }
 
@@ -287,14 +330,11 @@ g4_cpu_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_str
 	g4_cpu	   *c = g4_cpu_of(be);
 	attn_ctx	a;
 	int			threads = g4_pool_threads(c->pool);
-	int			longest = 0;
 	int			t;
-	int			gq;
 
 	if (!c->kv_configured || L->head_dim > MAX_HD || L->n_heads % L->n_kv_heads != 0)
 		return G4_ERR_INTERNAL;
-	gq = L->n_heads / L->n_kv_heads;
-	if (gq > MAX_GROUP)
+	if (L->n_heads / L->n_kv_heads > MAX_GROUP)
 		return G4_ERR_UNSUPPORTED;
 	memset(&a, 0, sizeof(a));
 	a.c = c;
@@ -302,18 +342,16 @@ g4_cpu_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_str
 	a.q = q;
 	a.q_stride = q_stride;
 	a.out = out;
-	a.n_splits = 1;
+	a.max_splits = 1;
 	for (t = 0; t < n; t++)
-		longest = G4_MAX(longest, c->hi[L->group][t] - c->lo[L->group][t]);
-	/* split long ranges when there is too little parallelism otherwise */
-	if (n * L->n_kv_heads < 2 * threads && longest > 2 * SPLIT_MIN_KEYS)
+		a.max_splits = G4_MAX(a.max_splits, n_splits_of(&a, t));
+	/* few queries with long ranges: spread their splits over the threads
+	 * (same arithmetic as one thread merging them in order) */
+	if (n * L->n_kv_heads < 2 * threads && a.max_splits > 1)
 	{
-		int			want = G4_DIV_UP(2 * threads, n * L->n_kv_heads);
-		size_t		need;
+		size_t		need = (size_t) n * L->n_kv_heads * a.max_splits * (size_t) (L->n_heads / L->n_kv_heads) *
+			(size_t) (L->head_dim + 2);
 
-		a.split_keys = G4_MAX(SPLIT_MIN_KEYS, G4_DIV_UP(longest, want));
-		a.n_splits = G4_DIV_UP(longest, a.split_keys);
-		need = (size_t) n * L->n_kv_heads * a.n_splits * gq * (size_t) (L->head_dim + 2);
 		if (need > c->scratch_len)
 		{
 			float	   *p = realloc(c->scratch, need * sizeof(float));
@@ -324,9 +362,11 @@ g4_cpu_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_str
 			c->scratch_len = need;
 		}
 		a.partial = c->scratch;
+		g4_pool_run(c->pool, (int64_t) n * L->n_kv_heads * a.max_splits, split_item, &a);
+		if (!a.bad)
+			g4_pool_run(c->pool, (int64_t) n * L->n_kv_heads, merge_item, &a);
 	}
-	g4_pool_run(c->pool, (int64_t) n * L->n_kv_heads * a.n_splits, attn_item, &a);
-	if (!a.bad && a.n_splits > 1)
-		g4_pool_run(c->pool, (int64_t) n * L->n_kv_heads, merge_item, &a);
+	else
+		g4_pool_run(c->pool, (int64_t) n * L->n_kv_heads, attn_item, &a);
 	return a.bad ? G4_ERR_INTERNAL : G4_OK;
 }
