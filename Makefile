@@ -31,6 +31,9 @@ SHLIB_LINK = -ldl -lpthread
 # libgemma4engine with dlopen after it forks, so no backend maps it.
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+# PGXS tracks no header dependencies: every object (and its JIT bitcode)
+# shares the shared-memory and wire layouts of these headers.
+$(OBJS) $(OBJS:.o=.bc): src/pg/gemma4.h src/engine/engine.h
 
 all: engine
 install: install-engine

@@ -76,8 +76,10 @@ $(TEST_BIN): $(TEST_SRCS) $(wildcard test/engine/*.h) $(ENGINE_OBJS) $(CUDA_OBJS
 FIXTURE_MODEL := $(BUILD)/models/tiny-gemma4
 FIXTURE_DENSE := $(BUILD)/models/tiny-gemma4-dense
 $(FIXTURE_MODEL)/config.json: $(BUILD)/gemma4-make-model test/fixtures/tokenizer/tokenizer.json
+	@mkdir -p $(dir $(FIXTURE_MODEL))
 	$(BUILD)/gemma4-make-model --preset tiny --out $(FIXTURE_MODEL)
 $(FIXTURE_DENSE)/config.json: $(BUILD)/gemma4-make-model test/fixtures/tokenizer/tokenizer.json
+	@mkdir -p $(dir $(FIXTURE_DENSE))
 	$(BUILD)/gemma4-make-model --preset tiny --dense --out $(FIXTURE_DENSE)
 
 # The real Gemma 3 270M (GGUF) from the package registry; the tests that need

@@ -2,8 +2,8 @@
 # Runs every suite and prints one summary line "N passed, M failed":
 #   1. engine tests (make check-engine: no PostgreSQL, no GPU)
 #   2. PostgreSQL suites (regression, concurrency, faults) against a private
-#      installation of the extension in build/pg-install, when PostgreSQL's
-#      server and development files are present
+#      copy of the server with the extension installed (make pg-private:
+#      build/pg), when PostgreSQL's server and development files are present
 set -uo pipefail
 cd "$(dirname "$0")/.."
 passed=0; failed=0
@@ -20,8 +20,14 @@ tally "$log" engine
 
 if [ -x test/pg/run-pg-tests.sh ]; then
   log=build/pg-tests.log
-  test/pg/run-pg-tests.sh 2>&1 | tee "$log"
-  tally "$log" postgresql
+  if make --no-print-directory -s pg-private >"$log" 2>&1; then
+    test/pg/run-pg-tests.sh 2>&1 | tee -a "$log"
+    tally "$log" postgresql
+  else
+    cat "$log"
+    echo "the PostgreSQL suites need PostgreSQL 15's server and development files (see README)"
+    failed=$((failed + 1))
+  fi
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

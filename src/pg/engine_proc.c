@@ -1,0 +1,789 @@
+/*-------------------------------------------------------------------------
+ *
+ * engine_proc.c
+ *	  The engine process: forked by the supervisor, it loads
+ *	  libgemma4engine with dlopen() and runs it.
+ *
+ * Whatever happens in here (a segfault, abort, the OOM killer, a CUDA
+ * fault) ends this process only.  To keep it that way, after fork() this
+ * code:
+ *	- never calls PostgreSQL functions and never touches shared memory: it
+ *	  reads the G4EngineConfig prepared before the fork and uses libc, the
+ *	  engine and the frame helpers of protocol.c (libc only);
+ *	- never runs the parent's exit callbacks: those would detach shared
+ *	  memory and release the supervisor's PGPROC.  An on_exit() handler,
+ *	  registered first thing, turns any exit() into _exit();
+ *	- restores default signal handling, and asks the kernel for SIGKILL
+ *	  when the supervisor dies (PR_SET_PDEATHSIG);
+ *	- closes every inherited descriptor but its socket.
+ *
+ * Loop: read every frame the supervisor sent (submissions, cancels), then
+ * run one engine step over all live sequences, so requests arriving
+ * together share forward passes; events become frames.  Statistics go out
+ * at most every STATS_INTERVAL, and at once when the engine falls idle so
+ * the views show an empty pool.
+ *
+ * IDENTIFICATION
+ *	  src/pg/engine_proc.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "gemma4.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+/*
+ * port.h maps these to libpgport's versions; the engine process uses libc's
+ * own.
+ */
+#undef snprintf
+#undef vsnprintf
+
+#define STATS_INTERVAL 0.1		/* seconds */
+
+/* Exit statuses, as the supervisor logs them. */
+#define EXIT_SETUP		1		/* could not set the process up, or load the model */
+#define EXIT_FATAL		3		/* the engine reported a device or internal fault */
+#define EXIT_NOMEM		4		/* no memory for a message to the supervisor */
+#define EXIT_SOCKET		5		/* the socket failed: the supervisor is gone */
+#define EXIT_PROTOCOL	6		/* a malformed message from the supervisor */
+
+/* The engine API, resolved with dlsym(). */
+typedef struct EngineApi
+{
+	void		(*options_default) (g4_options *o);
+	void		(*sampling_default) (g4_sampling *s);
+	int			(*open) (const g4_options *opts, g4_engine **out, g4_err *err);
+	void		(*close) (g4_engine *e);
+	void		(*model_info_get) (const g4_engine *e, g4_model_info *info);
+	int			(*tokenize) (g4_engine *e, const char *text, size_t len, int add_bos,
+							 int32_t **ids, int *n_ids, g4_err *err);
+	int			(*detokenize) (g4_engine *e, const int32_t *ids, int n_ids,
+							   char **text, size_t *len, g4_err *err);
+	int			(*submit) (g4_engine *e, const g4_request *req, uint64_t *seq_id, g4_err *err);
+	void		(*cancel) (g4_engine *e, uint64_t seq_id, g4_event_fn fn, void *ctx);
+	int			(*step) (g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err);
+	int			(*has_work) (const g4_engine *e);
+	void		(*stats_get) (const g4_engine *e, g4_stats *st);
+	int			(*seqs_get) (const g4_engine *e, g4_seq_info *out, int max);
+	const char *(*version) (void);
+} EngineApi;
+
+/* A live sequence: engine id and request id. */
+typedef struct SeqMap
+{
+	uint64		seq_id;
+	uint64		request_id;
+} SeqMap;
+
+typedef struct EngineProc
+{
+	int			sock;
+	G4Buf		in;
+	G4Buf		out;
+	EngineApi	api;
+	g4_engine  *e;
+	SeqMap	   *map;
+	int			n_map;
+	int			cap_map;
+	g4_seq_info *infos;
+	G4WireSeq  *wire_seqs;
+	int			max_infos;
+	bool		stats_dirty;
+	double		stats_at;
+} EngineProc;
+
+static void exit_guard(int status, void *arg);
+static void reset_signals(void);
+static int	isolate_descriptors(int sock);
+static void fail_and_exit(EngineProc *ep, uint32 type, int code, const char *msg) pg_attribute_noreturn();
+static void out_of_memory(EngineProc *ep) pg_attribute_noreturn();
+static void load_engine(EngineProc *ep, const G4EngineConfig *cfg);
+static void serve(EngineProc *ep) pg_attribute_noreturn();
+static bool read_frames(EngineProc *ep, int timeout_ms);
+static void handle_submit(EngineProc *ep, const char *body, size_t len);
+static void handle_cancel(EngineProc *ep, const char *body, size_t len);
+static void on_event(void *ctx, const g4_event *ev);
+static void send_error(EngineProc *ep, uint64 request_id, const g4_err *err);
+static void send_finish(EngineProc *ep, uint64 request_id, int prompt_tokens, int completion_tokens);
+static void send_stats(EngineProc *ep);
+static void flush_out(EngineProc *ep);
+static void copy_str(char *dst, size_t size, const char *src);
+static double now_seconds(void);
+
+void
+g4_engine_proc_main(int sock, const G4EngineConfig *cfg)
+{
+	EngineProc	ep;
+
+	/* first of all, so no exit path can run the parent's callbacks */
+	if (on_exit(exit_guard, NULL) != 0)
+		_exit(EXIT_SETUP);
+	reset_signals();
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != cfg->supervisor_pid)
+		_exit(EXIT_SETUP);
+	(void) prctl(PR_SET_NAME, "gemma4 engine");
+	sock = isolate_descriptors(sock);
+	if (sock < 0 || fcntl(sock, F_SETFL, O_NONBLOCK) != 0)
+		_exit(EXIT_SETUP);
+
+	memset(&ep, 0, sizeof(ep));
+	ep.sock = sock;
+	load_engine(&ep, cfg);
+	serve(&ep);
+}
+
+/* on_exit() handler: leave without running the handlers the parent set. */
+static void
+exit_guard(int status, void *arg)
+{
+	_exit(status);
+}
+
+/*
+ * Default handling for every signal, nothing blocked.  SIGINT, SIGHUP,
+ * SIGUSR1/2 are ignored: the postmaster may signal the supervisor's process
+ * group (we are in it) and only SIGTERM, SIGQUIT and SIGKILL should end us.
+ */
+static void
+reset_signals(void)
+{
+	sigset_t	none;
+	int			sig;
+
+	for (sig = 1; sig < NSIG; sig++)
+	{
+		if (sig == SIGKILL || sig == SIGSTOP)
+			continue;
+		(void) signal(sig, SIG_DFL);
+	}
+	(void) signal(SIGINT, SIG_IGN);
+	(void) signal(SIGHUP, SIG_IGN);
+	(void) signal(SIGUSR1, SIG_IGN);
+	(void) signal(SIGUSR2, SIG_IGN);
+	(void) signal(SIGPIPE, SIG_IGN);
+	sigemptyset(&none);
+	(void) sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+/*
+ * Keep stdin/stdout/stderr and the socket (moved to descriptor 3); close
+ * the rest: the postmaster's pipes, the supervisor's epoll set and latch
+ * pipe, sockets of other processes.  Returns the socket or -1.
+ */
+static int
+isolate_descriptors(int sock)
+{
+	long		maxfd = sysconf(_SC_OPEN_MAX);
+	int			fd;
+
+	if (sock != 3)
+	{
+		if (dup2(sock, 3) < 0)
+			return -1;
+		close(sock);
+		sock = 3;
+	}
+	if (close_range(4, ~0U, 0) != 0)
+	{
+		/* kernels before 5.9 lack close_range */
+		if (maxfd < 0)
+			maxfd = 1024;
+		for (fd = 4; fd < maxfd; fd++)
+			(void) close(fd);
+	}
+	return sock;
+}
+
+/* Report a fatal condition to the supervisor and exit. */
+static void
+fail_and_exit(EngineProc *ep, uint32 type, int code, const char *msg)
+{
+	G4WireError e;
+
+	memset(&e, 0, sizeof(e));
+	e.code = code;
+	copy_str(e.msg, sizeof(e.msg), msg);
+	if (g4p_put_frame(&ep->out, type, &e, sizeof(e), NULL, 0))
+		flush_out(ep);
+	_exit(type == G4F_LOAD_FAILED ? EXIT_SETUP : EXIT_FATAL);
+}
+
+/*
+ * No memory for a frame: the supervisor cannot be told about the events
+ * at hand any more, so this process ends and every request fails cleanly.
+ */
+static void
+out_of_memory(EngineProc *ep)
+{
+	_exit(EXIT_NOMEM);
+}
+
+/* dlopen the engine, resolve its API and open the model. */
+static void
+load_engine(EngineProc *ep, const G4EngineConfig *cfg)
+{
+	void	   *lib;
+	g4_options	o;
+	g4_err		err;
+	g4_model_info mi;
+	G4WireReady ready;
+	char		msg[G4_MSG_LEN];
+
+	lib = dlopen(cfg->library, RTLD_NOW | RTLD_LOCAL);
+	if (lib == NULL)
+	{
+		snprintf(msg, sizeof(msg), "could not load the engine library: %s", dlerror());
+		fail_and_exit(ep, G4F_LOAD_FAILED, G4_ERR_IO, msg);
+	}
+#define RESOLVE(field, name) \
+	do { \
+		*(void **) &ep->api.field = dlsym(lib, name); \
+		if (ep->api.field == NULL) \
+		{ \
+			snprintf(msg, sizeof(msg), "the engine library \"%s\" lacks %s", cfg->library, name); \
+			fail_and_exit(ep, G4F_LOAD_FAILED, G4_ERR_FORMAT, msg); \
+		} \
+	} while (0)
+	RESOLVE(options_default, "g4_options_default");
+	RESOLVE(sampling_default, "g4_sampling_default");
+	RESOLVE(open, "g4_open");
+	RESOLVE(close, "g4_close");
+	RESOLVE(model_info_get, "g4_model_info_get");
+	RESOLVE(tokenize, "g4_tokenize");
+	RESOLVE(detokenize, "g4_detokenize");
+	RESOLVE(submit, "g4_submit");
+	RESOLVE(cancel, "g4_cancel");
+	RESOLVE(step, "g4_step");
+	RESOLVE(has_work, "g4_has_work");
+	RESOLVE(stats_get, "g4_stats_get");
+	RESOLVE(seqs_get, "g4_seqs_get");
+	RESOLVE(version, "g4_version");
+#undef RESOLVE
+
+	ep->max_infos = cfg->max_requests;
+	ep->infos = calloc((size_t) ep->max_infos, sizeof(g4_seq_info));
+	ep->wire_seqs = calloc((size_t) ep->max_infos, sizeof(G4WireSeq));
+	if (ep->infos == NULL || ep->wire_seqs == NULL)
+		fail_and_exit(ep, G4F_LOAD_FAILED, G4_ERR_NOMEM, "out of memory");
+
+	ep->api.options_default(&o);
+	o.model_path = cfg->model_path;
+	o.draft_model_path = cfg->draft_model_path[0] ? cfg->draft_model_path : NULL;
+	o.backend = cfg->backend;
+	o.threads = cfg->threads;
+	o.max_model_len = cfg->max_model_len;
+	o.gpu_memory_utilization = cfg->gpu_memory_utilization;
+	o.kv_dtype = cfg->kv_dtype;
+	o.max_num_seqs = cfg->max_num_seqs;
+	o.max_num_batched_tokens = cfg->max_num_batched_tokens;
+	o.num_speculative_tokens = cfg->num_speculative_tokens;
+	memset(&err, 0, sizeof(err));
+	if (ep->api.open(&o, &ep->e, &err) != G4_OK)
+		fail_and_exit(ep, G4F_LOAD_FAILED, err.code, err.msg);
+
+	ep->api.model_info_get(ep->e, &mi);
+	memset(&ready, 0, sizeof(ready));
+	copy_str(ready.architecture, sizeof(ready.architecture), mi.architecture);
+	copy_str(ready.family, sizeof(ready.family), mi.family);
+	copy_str(ready.version, sizeof(ready.version), ep->api.version());
+	ready.n_layers = mi.n_layers;
+	ready.max_model_len = mi.max_model_len;
+	ready.n_params = mi.n_params;
+	if (!g4p_put_frame(&ep->out, G4F_READY, &ready, sizeof(ready), NULL, 0))
+		out_of_memory(ep);
+	send_stats(ep);
+	flush_out(ep);
+}
+
+/* The serving loop; returns never. */
+static void
+serve(EngineProc *ep)
+{
+	for (;;)
+	{
+		bool		busy = ep->api.has_work(ep->e) != 0;
+
+		/* idle: sleep until the supervisor writes; busy: just drain */
+		if (!read_frames(ep, busy ? 0 : -1))
+		{
+			/* the supervisor closed the socket: stop */
+			ep->api.close(ep->e);
+			_exit(0);
+		}
+		if (ep->api.has_work(ep->e))
+		{
+			g4_err		err;
+			int			rc;
+
+			memset(&err, 0, sizeof(err));
+			rc = ep->api.step(ep->e, on_event, ep, &err);
+			ep->stats_dirty = true;
+
+			/*
+			 * An engine-wide failure has already failed every live request.
+			 * A device or internal fault may leave the engine unusable:
+			 * end the process and let the supervisor start a fresh one.
+			 */
+			if (rc < 0 && (rc == G4_ERR_BACKEND || rc == G4_ERR_INTERNAL))
+				fail_and_exit(ep, G4F_FATAL, rc, err.msg);
+		}
+		if (ep->stats_dirty &&
+			(!ep->api.has_work(ep->e) || now_seconds() - ep->stats_at >= STATS_INTERVAL))
+			send_stats(ep);
+		flush_out(ep);
+	}
+}
+
+/*
+ * Wait up to timeout_ms (-1: forever) for frames, then handle all that
+ * arrived.  False at end of file.
+ */
+static bool
+read_frames(EngineProc *ep, int timeout_ms)
+{
+	struct pollfd pfd;
+
+	pfd.fd = ep->sock;
+	pfd.events = POLLIN;
+	pfd.revents = 0;
+	if (poll(&pfd, 1, timeout_ms) < 0 && errno != EINTR)
+		_exit(EXIT_SOCKET);
+	for (;;)
+	{
+		ssize_t		n = g4p_read(ep->sock, &ep->in);
+		uint32		type;
+		const char *body;
+		size_t		len;
+		int			rc;
+
+		if (n == 0)
+			return false;
+		if (n < 0)
+		{
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return true;
+			if (errno == ENOMEM)
+				out_of_memory(ep);
+			_exit(EXIT_SOCKET);
+		}
+		while ((rc = g4p_next_frame(&ep->in, &type, &body, &len)) > 0)
+		{
+			if (type == G4F_SUBMIT)
+				handle_submit(ep, body, len);
+			else if (type == G4F_CANCEL)
+				handle_cancel(ep, body, len);
+			else
+				_exit(EXIT_PROTOCOL);
+		}
+		if (rc < 0)
+			_exit(EXIT_PROTOCOL);
+	}
+}
+
+static bool
+map_add(EngineProc *ep, uint64 seq_id, uint64 request_id)
+{
+	if (ep->n_map == ep->cap_map)
+	{
+		int			cap = ep->cap_map ? ep->cap_map * 2 : 64;
+		SeqMap	   *p = realloc(ep->map, (size_t) cap * sizeof(SeqMap));
+
+		if (p == NULL)
+			return false;
+		ep->map = p;
+		ep->cap_map = cap;
+	}
+	ep->map[ep->n_map].seq_id = seq_id;
+	ep->map[ep->n_map].request_id = request_id;
+	ep->n_map++;
+	return true;
+}
+
+static int
+map_find_seq(EngineProc *ep, uint64 seq_id)
+{
+	int			i;
+
+	for (i = 0; i < ep->n_map; i++)
+		if (ep->map[i].seq_id == seq_id)
+			return i;
+	return -1;
+}
+
+static void
+map_remove(EngineProc *ep, int i)
+{
+	ep->map[i] = ep->map[ep->n_map - 1];
+	ep->n_map--;
+}
+
+/*
+ * A request from the supervisor.  Generation requests are queued in the
+ * engine (the next step admits them); tokenizer requests are answered now.
+ */
+static void
+handle_submit(EngineProc *ep, const char *body, size_t len)
+{
+	G4WireRequest wr;
+	const char *pos;
+	const char *end;
+	int32		tag;
+	const char *data;
+	uint32		dlen;
+	int			n_items = 0;
+	g4_message *msgs = NULL;
+	const char **stops = NULL;
+	int			n_msgs = 0;
+	int			n_stops = 0;
+	const char *prompt = NULL;
+	uint32		prompt_len = 0;
+	int32_t    *ids = NULL;
+	int			n_ids = 0;
+	g4_err		err;
+
+	if (len < sizeof(wr))
+		_exit(EXIT_PROTOCOL);
+	memcpy(&wr, body, sizeof(wr));
+	if (len - sizeof(wr) != wr.items_len)
+		_exit(EXIT_PROTOCOL);
+	memset(&err, 0, sizeof(err));
+
+	/* count, then collect the items (pointers into the frame body) */
+	end = body + len;
+	pos = body + sizeof(wr);
+	while (pos < end)
+	{
+		if (!g4p_item_next(&pos, end, &tag, &data, &dlen))
+			_exit(EXIT_PROTOCOL);
+		n_items++;
+	}
+	msgs = calloc((size_t) n_items + 1, sizeof(g4_message));
+	stops = calloc((size_t) n_items + 1, sizeof(char *));
+	if (msgs == NULL || stops == NULL)
+		out_of_memory(ep);
+	pos = body + sizeof(wr);
+	while (pos < end && g4p_item_next(&pos, end, &tag, &data, &dlen))
+	{
+		switch (tag)
+		{
+			case G4_ITEM_SYSTEM:
+			case G4_ITEM_USER:
+			case G4_ITEM_MODEL:
+				msgs[n_msgs].role = tag;
+				msgs[n_msgs].content = data;
+				n_msgs++;
+				break;
+			case G4_ITEM_PROMPT:
+				prompt = data;
+				prompt_len = dlen;
+				break;
+			case G4_ITEM_STOP:
+				stops[n_stops++] = data;
+				break;
+			case G4_ITEM_IDS:
+				/* the bytes may be unaligned: copy them */
+				free(ids);
+				n_ids = (int) (dlen / sizeof(int32_t));
+				ids = malloc((size_t) n_ids * sizeof(int32_t) + 1);
+				if (ids == NULL)
+					out_of_memory(ep);
+				memcpy(ids, data, (size_t) n_ids * sizeof(int32_t));
+				break;
+			default:
+				_exit(EXIT_PROTOCOL);
+		}
+	}
+
+	switch (wr.kind)
+	{
+		case G4_KIND_CHAT:
+		case G4_KIND_TEXT:
+			{
+				g4_request req;
+				uint64_t	seq_id;
+
+				memset(&req, 0, sizeof(req));
+				ep->api.sampling_default(&req.sampling);
+				req.input_kind = wr.kind == G4_KIND_CHAT ? G4_INPUT_CHAT : G4_INPUT_TEXT;
+				req.prompt = prompt;
+				req.messages = msgs;
+				req.n_messages = n_msgs;
+				req.enable_thinking = wr.thinking;
+				req.max_tokens = wr.max_tokens;
+				req.sampling.temperature = wr.temperature;
+				req.sampling.top_p = wr.top_p;
+				req.sampling.top_k = wr.top_k;
+				req.sampling.min_p = wr.min_p;
+				req.sampling.repetition_penalty = wr.repetition_penalty;
+				req.sampling.presence_penalty = wr.presence_penalty;
+				req.sampling.frequency_penalty = wr.frequency_penalty;
+				req.sampling.seed = wr.seed;
+				req.sampling.has_seed = wr.has_seed;
+				req.stop = n_stops > 0 ? stops : NULL;
+				req.n_stop = n_stops;
+				req.user_tag = wr.request_id;
+				if (ep->api.submit(ep->e, &req, &seq_id, &err) != G4_OK)
+					send_error(ep, wr.request_id, &err);
+				else if (!map_add(ep, seq_id, wr.request_id))
+					out_of_memory(ep);
+				ep->stats_dirty = true;
+				break;
+			}
+		case G4_KIND_TOKENIZE:
+			{
+				int32_t    *tok = NULL;
+				int			n_tok = 0;
+				uint64		id = wr.request_id;
+
+				if (ep->api.tokenize(ep->e, prompt ? prompt : "", prompt_len, 0, &tok, &n_tok, &err) != G4_OK)
+					send_error(ep, id, &err);
+				else
+				{
+					if (!g4p_put_frame(&ep->out, G4F_IDS, &id, sizeof(id), tok, (size_t) n_tok * sizeof(int32_t)))
+						out_of_memory(ep);
+					send_finish(ep, id, n_tok, 0);
+				}
+				free(tok);
+				break;
+			}
+		case G4_KIND_DETOKENIZE:
+			{
+				char	   *text = NULL;
+				size_t		text_len = 0;
+				G4WireText t;
+
+				if (ep->api.detokenize(ep->e, ids, n_ids, &text, &text_len, &err) != G4_OK)
+					send_error(ep, wr.request_id, &err);
+				else
+				{
+					t.request_id = wr.request_id;
+					t.channel = G4_CHANNEL_CONTENT;
+					if (!g4p_put_frame(&ep->out, G4F_TEXT, &t, sizeof(t), text, text_len))
+						out_of_memory(ep);
+					send_finish(ep, wr.request_id, n_ids, 0);
+				}
+				free(text);
+				break;
+			}
+		default:
+			{
+				g4_err		bad;
+
+				bad.code = G4_ERR_INVALID;
+				snprintf(bad.msg, sizeof(bad.msg), "unknown request kind %d", wr.kind);
+				send_error(ep, wr.request_id, &bad);
+			}
+	}
+	free(ids);
+	free(msgs);
+	free(stops);
+}
+
+/* Cancel a request's sequence; its KV blocks are free when this returns. */
+static void
+handle_cancel(EngineProc *ep, const char *body, size_t len)
+{
+	uint64		request_id;
+	int			i;
+
+	if (len != sizeof(request_id))
+		_exit(EXIT_PROTOCOL);
+	memcpy(&request_id, body, sizeof(request_id));
+	for (i = 0; i < ep->n_map; i++)
+	{
+		if (ep->map[i].request_id == request_id)
+		{
+			/* on_event sees the cancelled finish and drops the mapping */
+			ep->api.cancel(ep->e, ep->map[i].seq_id, on_event, ep);
+			ep->stats_dirty = true;
+			return;
+		}
+	}
+}
+
+/* Engine callback: one event of one sequence, turned into a frame. */
+static void
+on_event(void *ctx, const g4_event *ev)
+{
+	EngineProc *ep = ctx;
+	int			i = map_find_seq(ep, ev->seq_id);
+	uint64		request_id;
+
+	if (i < 0)
+		return;
+	request_id = ep->map[i].request_id;
+	switch (ev->kind)
+	{
+		case G4_EV_TEXT:
+			{
+				G4WireText t;
+
+				t.request_id = request_id;
+				t.channel = ev->channel;
+				if (!g4p_put_frame(&ep->out, G4F_TEXT, &t, sizeof(t), ev->text, ev->text_len))
+					out_of_memory(ep);
+				break;
+			}
+		case G4_EV_FINISH:
+			{
+				G4WireFinish f;
+
+				f.request_id = request_id;
+				f.reason = ev->finish_reason;
+				f.prompt_tokens = ev->prompt_tokens;
+				f.completion_tokens = ev->completion_tokens;
+				if (!g4p_put_frame(&ep->out, G4F_FINISH, &f, sizeof(f), NULL, 0))
+					out_of_memory(ep);
+				map_remove(ep, i);
+				break;
+			}
+		case G4_EV_ERROR:
+			{
+				g4_err		err;
+
+				err.code = ev->error_code;
+				copy_str(err.msg, sizeof(err.msg), ev->error_msg ? ev->error_msg : "the engine failed this request");
+				send_error(ep, request_id, &err);
+				map_remove(ep, i);
+				break;
+			}
+	}
+}
+
+static void
+send_error(EngineProc *ep, uint64 request_id, const g4_err *err)
+{
+	G4WireError e;
+
+	memset(&e, 0, sizeof(e));
+	e.request_id = request_id;
+	e.code = err->code;
+	copy_str(e.msg, sizeof(e.msg), err->msg);
+	if (!g4p_put_frame(&ep->out, G4F_ERROR, &e, sizeof(e), NULL, 0))
+		out_of_memory(ep);
+}
+
+static void
+send_finish(EngineProc *ep, uint64 request_id, int prompt_tokens, int completion_tokens)
+{
+	G4WireFinish f;
+
+	f.request_id = request_id;
+	f.reason = G4_FINISH_STOP;
+	f.prompt_tokens = prompt_tokens;
+	f.completion_tokens = completion_tokens;
+	if (!g4p_put_frame(&ep->out, G4F_FINISH, &f, sizeof(f), NULL, 0))
+		out_of_memory(ep);
+}
+
+/* Engine and per-sequence statistics, with durations computed here. */
+static void
+send_stats(EngineProc *ep)
+{
+	g4_stats	st;
+	G4WireStats w;
+	int			n;
+	int			i;
+
+	ep->api.stats_get(ep->e, &st);
+	n = ep->api.seqs_get(ep->e, ep->infos, ep->max_infos);
+	memset(&w, 0, sizeof(w));
+	copy_str(w.backend, sizeof(w.backend), st.backend);
+	copy_str(w.device, sizeof(w.device), st.device);
+	copy_str(w.kv_dtype, sizeof(w.kv_dtype), st.kv_dtype);
+	w.n_groups = st.n_groups < 2 ? st.n_groups : 2;
+	for (i = 0; i < w.n_groups; i++)
+	{
+		copy_str(w.groups[i].name, sizeof(w.groups[i].name), st.groups[i].name);
+		w.groups[i].layers = st.groups[i].layers;
+		w.groups[i].block_tokens = st.groups[i].block_tokens;
+		w.groups[i].blocks_total = st.groups[i].blocks_total;
+		w.groups[i].blocks_used = st.groups[i].blocks_used;
+		w.groups[i].block_bytes = st.groups[i].block_bytes;
+	}
+	w.kv_bytes_total = st.kv_bytes_total;
+	w.weight_bytes = st.weight_bytes;
+	w.workspace_bytes = st.workspace_bytes;
+	w.live_seqs = st.live_seqs;
+	w.max_num_seqs = st.max_num_seqs;
+	w.fit_full_context = st.fit_full_context;
+	w.steps = st.steps;
+	w.tokens_prefilled = st.tokens_prefilled;
+	w.tokens_generated = st.tokens_generated;
+	w.batch_tokens_max = st.batch_tokens_max;
+	w.batch_seqs_max = st.batch_seqs_max;
+	w.batch_seqs_sum = st.batch_seqs_sum;
+	w.spec_drafted = st.spec_drafted;
+	w.spec_accepted = st.spec_accepted;
+	w.preemptions = st.preemptions;
+	w.n_seqs = n;
+	for (i = 0; i < n; i++)
+	{
+		const g4_seq_info *s = &ep->infos[i];
+		G4WireSeq  *o = &ep->wire_seqs[i];
+
+		o->request_id = s->user_tag;
+		o->state = s->state;
+		o->prompt_tokens = s->prompt_tokens;
+		o->generated_tokens = s->generated_tokens;
+		o->kv_blocks = s->kv_blocks;
+		o->ttft = s->first_token_at > 0 ? s->first_token_at - s->submitted_at : -1.0;
+		o->tokens_per_second = (s->generated_tokens > 1 && s->last_token_at > s->first_token_at) ?
+			(s->generated_tokens - 1) / (s->last_token_at - s->first_token_at) : -1.0;
+	}
+	if (!g4p_put_frame(&ep->out, G4F_STATS, &w, sizeof(w), ep->wire_seqs, (size_t) n * sizeof(G4WireSeq)))
+		out_of_memory(ep);
+	ep->stats_dirty = false;
+	ep->stats_at = now_seconds();
+}
+
+/* Write everything buffered, waiting for the socket as needed. */
+static void
+flush_out(EngineProc *ep)
+{
+	while (g4buf_pending(&ep->out) > 0)
+	{
+		struct pollfd pfd;
+
+		if (g4p_write(ep->sock, &ep->out) >= 0)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			_exit(EXIT_SOCKET);			/* the supervisor is gone */
+		pfd.fd = ep->sock;
+		pfd.events = POLLOUT;
+		pfd.revents = 0;
+		if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+			_exit(EXIT_SOCKET);
+	}
+}
+
+static void
+copy_str(char *dst, size_t size, const char *src)
+{
+	size_t		n = src ? strnlen(src, size - 1) : 0;
+
+	if (n > 0)
+		memcpy(dst, src, n);
+	dst[n] = '\0';
+}
+
+static double
+now_seconds(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}

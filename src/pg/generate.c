@@ -1,0 +1,783 @@
+/*-------------------------------------------------------------------------
+ *
+ * generate.c
+ *	  The generation functions: gemma_generate, gemma_complete,
+ *	  gemma_generate_stream and gemma_chat.
+ *
+ * Arguments are validated here, before anything is queued: what can be
+ * checked without the tokenizer fails at once with a precise SQLSTATE.
+ * What needs the model (prompt length in tokens, chat format) is checked
+ * by the engine, whose error codes map to SQLSTATEs in queue.c.
+ *
+ * Decoding is greedy unless the caller passes a temperature.  Text travels
+ * as UTF-8 between the backend and the engine and is converted from and to
+ * the database encoding here.
+ *
+ * gemma_generate_stream is a value-per-call set-returning function: each
+ * call waits for the next piece, so rows reach a client reading through a
+ * cursor (DECLARE/FETCH) as they are decoded.  In the SELECT list it
+ * streams; in FROM, the executor materialises the whole set first.
+ *
+ * IDENTIFICATION
+ *	  src/pg/generate.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "gemma4.h"
+
+#include <errno.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+
+#include "catalog/pg_type.h"
+#include "engine.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/numeric.h"
+
+PG_FUNCTION_INFO_V1(gemma_generate);
+PG_FUNCTION_INFO_V1(gemma_complete);
+PG_FUNCTION_INFO_V1(gemma_generate_stream);
+PG_FUNCTION_INFO_V1(gemma_complete_stream);
+PG_FUNCTION_INFO_V1(gemma_chat);
+
+/* A request being built: what is asked, and its payload items. */
+typedef struct G4Build
+{
+	G4WireRequest req;
+	bool		has_max_tokens;
+	StringInfoData items;
+} G4Build;
+
+/* Positions of the arguments gemma_generate and gemma_complete share. */
+typedef struct G4ArgPos
+{
+	int			max_tokens;
+	int			temperature;
+	int			top_p;
+	int			top_k;
+	int			seed;
+	int			stop;
+} G4ArgPos;
+
+/* gemma_generate(prompt, images, audio, max_tokens, temperature, top_p, top_k, seed, stop, system) */
+static const G4ArgPos generate_args = {3, 4, 5, 6, 7, 8};
+
+/* gemma_complete(prompt, max_tokens, temperature, top_p, top_k, seed, stop) */
+static const G4ArgPos complete_args = {1, 2, 3, 4, 5, 6};
+
+static void build_init(G4Build *b, G4RequestKind kind);
+static void build_finish(G4Build *b, int window);
+static void add_item(G4Build *b, int32 tag, const char *data, Size len);
+static void add_text_item(G4Build *b, int32 tag, const char *str);
+static void set_max_tokens(G4Build *b, int64 v);
+static void set_temperature(G4Build *b, double v);
+static void set_top_p(G4Build *b, double v);
+static void set_top_k(G4Build *b, int64 v);
+static void set_seed(G4Build *b, int64 v);
+static void add_stop(G4Build *b, const char *s);
+static void args_from_call(G4Build *b, FunctionCallInfo fcinfo, const G4ArgPos *pos);
+static char *prompt_arg(FunctionCallInfo fcinfo);
+static void build_generate(G4Build *b, FunctionCallInfo fcinfo, int *window);
+static void build_complete(G4Build *b, FunctionCallInfo fcinfo);
+static void parse_messages(G4Build *b, Jsonb *messages);
+static void parse_options(G4Build *b, Jsonb *options);
+static char *to_server(const char *data, Size len, Size *out_len);
+static text *collect_text(G4Request *r);
+static const char *finish_reason_name(int reason);
+
+/* Defaults: greedy decoding, no penalties, max_tokens from the GUC. */
+static void
+build_init(G4Build *b, G4RequestKind kind)
+{
+	memset(b, 0, sizeof(*b));
+	b->req.kind = kind;
+	b->req.temperature = 0.0f;
+	b->req.top_p = 1.0f;
+	b->req.min_p = 0.0f;
+	b->req.repetition_penalty = 1.0f;
+	b->req.presence_penalty = 0.0f;
+	b->req.frequency_penalty = 0.0f;
+	initStringInfo(&b->items);
+}
+
+/* Check max_tokens against the context window of the loaded model. */
+static void
+build_finish(G4Build *b, int window)
+{
+	if (!b->has_max_tokens)
+	{
+		if (g4_default_max_tokens >= window)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("gemma4.default_max_tokens (%d) exceeds the context window", g4_default_max_tokens),
+					 errdetail("The context window is %d tokens, and the prompt takes at least one.", window),
+					 errhint("Pass max_tokens, or lower gemma4.default_max_tokens.")));
+		b->req.max_tokens = g4_default_max_tokens;
+	}
+	else if (b->req.max_tokens >= window)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_tokens (%d) exceeds the context window", b->req.max_tokens),
+				 errdetail("The context window is %d tokens, and the prompt takes at least one.", window),
+				 errhint("Lower max_tokens, or raise gemma4.max_model_len.")));
+}
+
+static void
+add_item(G4Build *b, int32 tag, const char *data, Size len)
+{
+	Size		size;
+
+	if (len > MaxAllocSize)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("gemma4 request is too large")));
+	size = g4p_item_size(len);
+	enlargeStringInfo(&b->items, (int) size);
+	g4p_item_put(b->items.data + b->items.len, tag, data, (uint32) len);
+	b->items.len += (int) size;
+	b->items.data[b->items.len] = '\0';
+}
+
+/* A string in the database encoding, stored as UTF-8. */
+static void
+add_text_item(G4Build *b, int32 tag, const char *str)
+{
+	char	   *utf8 = pg_server_to_any(str, strlen(str), PG_UTF8);
+
+	add_item(b, tag, utf8, strlen(utf8));
+}
+
+static void
+set_max_tokens(G4Build *b, int64 v)
+{
+	if (v <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_tokens must be greater than zero"),
+				 errhint("Pass NULL to use gemma4.default_max_tokens.")));
+	b->req.max_tokens = (int32) Min(v, (int64) INT_MAX);
+	b->has_max_tokens = true;
+}
+
+static void
+set_temperature(G4Build *b, double v)
+{
+	if (isnan(v) || v < 0.0 || v > FLT_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("temperature must be a finite number greater than or equal to zero"),
+				 errdetail("Zero means greedy decoding.")));
+	b->req.temperature = (float) v;
+}
+
+static void
+set_top_p(G4Build *b, double v)
+{
+	if (!(v > 0.0 && v <= 1.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("top_p must be greater than 0 and at most 1"),
+				 errdetail("1 means no nucleus filtering.")));
+	b->req.top_p = (float) v;
+}
+
+static void
+set_top_k(G4Build *b, int64 v)
+{
+	if (v < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("top_k must be greater than or equal to zero"),
+				 errdetail("Zero means no limit.")));
+	b->req.top_k = (int32) Min(v, (int64) INT_MAX);
+}
+
+/* Any bigint: its bits become the engine's 64-bit seed. */
+static void
+set_seed(G4Build *b, int64 v)
+{
+	b->req.seed = (uint64) v;
+	b->req.has_seed = 1;
+}
+
+static void
+add_stop(G4Build *b, const char *s)
+{
+	if (s[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stop strings must not be empty")));
+	add_text_item(b, G4_ITEM_STOP, s);
+}
+
+/* The sampling arguments gemma_generate and gemma_complete share. */
+static void
+args_from_call(G4Build *b, FunctionCallInfo fcinfo, const G4ArgPos *pos)
+{
+	if (!PG_ARGISNULL(pos->max_tokens))
+		set_max_tokens(b, PG_GETARG_INT32(pos->max_tokens));
+	if (!PG_ARGISNULL(pos->temperature))
+		set_temperature(b, PG_GETARG_FLOAT8(pos->temperature));
+	if (!PG_ARGISNULL(pos->top_p))
+		set_top_p(b, PG_GETARG_FLOAT8(pos->top_p));
+	if (!PG_ARGISNULL(pos->top_k))
+		set_top_k(b, PG_GETARG_INT32(pos->top_k));
+	if (!PG_ARGISNULL(pos->seed))
+		set_seed(b, PG_GETARG_INT64(pos->seed));
+	if (!PG_ARGISNULL(pos->stop))
+	{
+		ArrayType  *arr = PG_GETARG_ARRAYTYPE_P(pos->stop);
+		Datum	   *elems;
+		bool	   *nulls;
+		int			n;
+		int			i;
+
+		deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
+		for (i = 0; i < n; i++)
+		{
+			if (nulls[i])
+				ereport(ERROR,
+						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+						 errmsg("stop strings must not be null")));
+			add_stop(b, TextDatumGetCString(elems[i]));
+		}
+	}
+}
+
+/* The prompt argument: not null, not empty. */
+static char *
+prompt_arg(FunctionCallInfo fcinfo)
+{
+	char	   *prompt;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("prompt must not be null")));
+	prompt = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (prompt[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("prompt must not be empty")));
+	return prompt;
+}
+
+/*
+ * gemma_generate and gemma_generate_stream: a single-turn chat, with an
+ * optional system message before the user's prompt.
+ */
+static void
+build_generate(G4Build *b, FunctionCallInfo fcinfo, int *window)
+{
+	char	   *prompt;
+
+	g4_require_shared();
+	prompt = prompt_arg(fcinfo);
+
+	if (!PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("image input is not supported yet"),
+				 errhint("Pass NULL for images.")));
+	if (!PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("audio input is not supported yet"),
+				 errhint("Pass NULL for audio.")));
+	build_init(b, G4_KIND_CHAT);
+	if (!PG_ARGISNULL(9))
+	{
+		char	   *system = text_to_cstring(PG_GETARG_TEXT_PP(9));
+
+		if (system[0] == '\0')
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("system must not be empty"),
+					 errhint("Pass NULL for no system message.")));
+		add_text_item(b, G4_ITEM_SYSTEM, system);
+	}
+	add_text_item(b, G4_ITEM_USER, prompt);
+	args_from_call(b, fcinfo, &generate_args);
+	*window = g4_require_ready();
+	build_finish(b, *window);
+}
+
+/* A raw completion request from gemma_complete's arguments. */
+static void
+build_complete(G4Build *b, FunctionCallInfo fcinfo)
+{
+	char	   *prompt;
+
+	g4_require_shared();
+	prompt = prompt_arg(fcinfo);
+	build_init(b, G4_KIND_TEXT);
+	add_text_item(b, G4_ITEM_PROMPT, prompt);
+	args_from_call(b, fcinfo, &complete_args);
+	build_finish(b, g4_require_ready());
+}
+
+/*
+ * UTF-8 from the engine in the database encoding (validated), as a
+ * NUL-terminated string.  NUL characters, which text cannot hold, are
+ * dropped.
+ */
+static char *
+to_server(const char *data, Size len, Size *out_len)
+{
+	char	   *clean = palloc(len + 1);
+	Size		n = 0;
+	Size		i;
+	char	   *s;
+
+	for (i = 0; i < len; i++)
+		if (data[i] != '\0')
+			clean[n++] = data[i];
+	clean[n] = '\0';
+	s = pg_any_to_server(clean, (int) n, PG_UTF8);
+	*out_len = (s == clean) ? n : strlen(s);
+	return s;
+}
+
+/* Run a request to its end and return the content it produced. */
+static text *
+collect_text(G4Request *r)
+{
+	StringInfoData out;
+	char		kind;
+	const char *data;
+	Size		len;
+	char	   *s;
+	Size		slen;
+
+	initStringInfo(&out);
+	while (g4_request_next(r, &kind, &data, &len))
+		if (kind == G4_MQ_CONTENT)
+			appendBinaryStringInfo(&out, data, (int) len);
+	g4_request_finish(r);
+	s = to_server(out.data, out.len, &slen);
+	return cstring_to_text_with_len(s, (int) slen);
+}
+
+Datum
+gemma_generate(PG_FUNCTION_ARGS)
+{
+	G4Build		b;
+	int			window;
+
+	build_generate(&b, fcinfo, &window);
+	PG_RETURN_TEXT_P(collect_text(g4_request_start(&b.req, b.items.data, b.items.len)));
+}
+
+Datum
+gemma_complete(PG_FUNCTION_ARGS)
+{
+	G4Build		b;
+
+	build_complete(&b, fcinfo);
+	PG_RETURN_TEXT_P(collect_text(g4_request_start(&b.req, b.items.data, b.items.len)));
+}
+
+/*
+ * One row per decoded piece.  The request lives in the multi-call memory
+ * context: when the set is not read to its end (LIMIT, a closed cursor, an
+ * error), deleting that context detaches the request, which cancels it.
+ */
+static Datum
+stream_rows(FunctionCallInfo fcinfo, bool raw_completion)
+{
+	FuncCallContext *funcctx;
+	G4Request  *r;
+	char		kind;
+	const char *data;
+	Size		len;
+
+	if (SRF_IS_FIRSTCALL())
+	{
+		MemoryContext old;
+		G4Build		b;
+		int			window;
+
+		funcctx = SRF_FIRSTCALL_INIT();
+		old = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
+		if (raw_completion)
+			build_complete(&b, fcinfo);
+		else
+			build_generate(&b, fcinfo, &window);
+		funcctx->user_fctx = g4_request_start(&b.req, b.items.data, b.items.len);
+		MemoryContextSwitchTo(old);
+	}
+	funcctx = SRF_PERCALL_SETUP();
+	r = (G4Request *) funcctx->user_fctx;
+
+	while (g4_request_next(r, &kind, &data, &len))
+	{
+		if (kind == G4_MQ_CONTENT && len > 0)
+		{
+			Size		slen;
+			char	   *s = to_server(data, len, &slen);
+
+			if (slen > 0)
+				SRF_RETURN_NEXT(funcctx, PointerGetDatum(cstring_to_text_with_len(s, (int) slen)));
+		}
+	}
+	g4_request_finish(r);
+	SRF_RETURN_DONE(funcctx);
+}
+
+Datum
+gemma_generate_stream(PG_FUNCTION_ARGS)
+{
+	return stream_rows(fcinfo, false);
+}
+
+Datum
+gemma_complete_stream(PG_FUNCTION_ARGS)
+{
+	return stream_rows(fcinfo, true);
+}
+
+/* The string value of a JSON string, in the database encoding. */
+static char *
+json_string(const JsonbValue *v)
+{
+	return pnstrdup(v->val.string.val, v->val.string.len);
+}
+
+/* A JSON number that must be an integer within [min, max]. */
+static int64
+json_integer(const JsonbValue *v, const char *key, int64 min, int64 max)
+{
+	char	   *s;
+	char	   *end;
+	long long	n;
+	bool		overflow;
+
+	if (v->type != jbvNumeric)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"%s\" must be an integer", key)));
+	s = numeric_normalize(v->val.numeric);
+	errno = 0;
+	n = strtoll(s, &end, 10);
+	overflow = (errno == ERANGE);
+	if (*end != '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"%s\" must be an integer", key),
+				 errdetail("The value is %s.", s)));
+	if (overflow || n < min || n > max)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"%s\" is out of range", key),
+				 overflow ? errdetail("The value %s does not fit in a bigint.", s) :
+				 n > max ? errdetail("The largest allowed value is %lld.", (long long) max) :
+				 errdetail("The smallest allowed value is %lld.", (long long) min)));
+	return n;
+}
+
+static double
+json_number(const JsonbValue *v, const char *key)
+{
+	if (v->type != jbvNumeric)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"%s\" must be a number", key)));
+	return DatumGetFloat8(DirectFunctionCall1(numeric_float8, NumericGetDatum(v->val.numeric)));
+}
+
+/* A number option that must lie in [min, max]. */
+static float
+json_ranged(const JsonbValue *v, const char *key, double min, double max)
+{
+	double		d = json_number(v, key);
+
+	if (!(d >= min && d <= max))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"%s\" must be between %g and %g", key, min, max)));
+	return (float) d;
+}
+
+/*
+ * messages: a non-empty array of {"role": ..., "content": "..."} objects,
+ * roles system (first message only), user, assistant (or model).
+ */
+static void
+parse_messages(G4Build *b, Jsonb *messages)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			idx = 0;
+
+	if (JB_ROOT_IS_SCALAR(messages) || !JB_ROOT_IS_ARRAY(messages))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("messages must be a JSON array"),
+				 errhint("Pass an array of objects such as [{\"role\": \"user\", \"content\": \"Hello\"}].")));
+	if (JB_ROOT_COUNT(messages) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("messages must not be empty")));
+
+	it = JsonbIteratorInit(&messages->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		JsonbIterator *mit;
+		JsonbValue	k;
+		JsonbValue	mv;
+		JsonbIteratorToken mtok;
+		char	   *role = NULL;
+		char	   *content = NULL;
+		int32		tag;
+
+		if (tok != WJB_ELEM)
+			continue;
+		idx++;
+		if (v.type != jbvBinary || !JsonContainerIsObject(v.val.binary.data))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("message %d must be a JSON object", idx),
+					 errhint("A message is an object with the keys role and content.")));
+
+		mit = JsonbIteratorInit(v.val.binary.data);
+		while ((mtok = JsonbIteratorNext(&mit, &k, true)) != WJB_DONE)
+		{
+			char	   *key;
+
+			if (mtok != WJB_KEY)
+				continue;
+			key = json_string(&k);
+			mtok = JsonbIteratorNext(&mit, &mv, true);
+			Assert(mtok == WJB_VALUE);
+			if (strcmp(key, "role") == 0)
+			{
+				if (mv.type != jbvString)
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("role of message %d must be a string", idx)));
+				role = json_string(&mv);
+			}
+			else if (strcmp(key, "content") == 0)
+			{
+				if (mv.type != jbvString)
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("content of message %d must be a string", idx)));
+				content = json_string(&mv);
+			}
+			else
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("message %d has an unrecognized key \"%s\"", idx, key),
+						 errhint("A message is an object with the keys role and content.")));
+		}
+		if (role == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("message %d has no role", idx),
+					 errhint("Add \"role\": \"user\", \"assistant\" or \"system\".")));
+		if (content == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("message %d has no content", idx)));
+		if (strcmp(role, "system") == 0)
+		{
+			if (idx > 1)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("a system message may only come first (message %d)", idx)));
+			tag = G4_ITEM_SYSTEM;
+		}
+		else if (strcmp(role, "user") == 0)
+			tag = G4_ITEM_USER;
+		else if (strcmp(role, "assistant") == 0 || strcmp(role, "model") == 0)
+			tag = G4_ITEM_MODEL;
+		else
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("message %d has an unknown role \"%s\"", idx, role),
+					 errhint("Use \"system\", \"user\" or \"assistant\".")));
+		add_text_item(b, tag, content);
+	}
+}
+
+/* gemma_chat's options object. */
+static void
+parse_options(G4Build *b, Jsonb *options)
+{
+	JsonbIterator *it;
+	JsonbValue	k;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+
+	if (JB_ROOT_IS_SCALAR(options) || !JB_ROOT_IS_OBJECT(options))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("options must be a JSON object")));
+
+	it = JsonbIteratorInit(&options->root);
+	while ((tok = JsonbIteratorNext(&it, &k, true)) != WJB_DONE)
+	{
+		char	   *key;
+
+		if (tok != WJB_KEY)
+			continue;
+		key = json_string(&k);
+		tok = JsonbIteratorNext(&it, &v, true);
+		Assert(tok == WJB_VALUE);
+
+		/* a JSON null means "not given" */
+		if (v.type == jbvNull)
+			continue;
+
+		if (strcmp(key, "max_tokens") == 0)
+			set_max_tokens(b, json_integer(&v, key, PG_INT64_MIN, INT_MAX));
+		else if (strcmp(key, "temperature") == 0)
+			set_temperature(b, json_number(&v, key));
+		else if (strcmp(key, "top_p") == 0)
+			set_top_p(b, json_number(&v, key));
+		else if (strcmp(key, "top_k") == 0)
+			set_top_k(b, json_integer(&v, key, PG_INT64_MIN, INT_MAX));
+		else if (strcmp(key, "seed") == 0)
+			set_seed(b, json_integer(&v, key, PG_INT64_MIN, PG_INT64_MAX));
+		else if (strcmp(key, "min_p") == 0)
+			b->req.min_p = json_ranged(&v, key, 0.0, 1.0);
+		else if (strcmp(key, "repetition_penalty") == 0)
+		{
+			double		d = json_number(&v, key);
+
+			if (!(d > 0.0 && d <= FLT_MAX))
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("option \"repetition_penalty\" must be greater than zero"),
+						 errdetail("1 means no penalty.")));
+			b->req.repetition_penalty = (float) d;
+		}
+		else if (strcmp(key, "presence_penalty") == 0)
+			b->req.presence_penalty = json_ranged(&v, key, -2.0, 2.0);
+		else if (strcmp(key, "frequency_penalty") == 0)
+			b->req.frequency_penalty = json_ranged(&v, key, -2.0, 2.0);
+		else if (strcmp(key, "thinking") == 0)
+		{
+			if (v.type != jbvBool)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("option \"thinking\" must be a boolean")));
+			b->req.thinking = v.val.boolean ? 1 : 0;
+		}
+		else if (strcmp(key, "stop") == 0)
+		{
+			if (v.type == jbvString)
+				add_stop(b, json_string(&v));
+			else if (v.type == jbvBinary && JsonContainerIsArray(v.val.binary.data))
+			{
+				JsonbIterator *sit = JsonbIteratorInit(v.val.binary.data);
+				JsonbValue	sv;
+
+				while ((tok = JsonbIteratorNext(&sit, &sv, true)) != WJB_DONE)
+				{
+					if (tok != WJB_ELEM)
+						continue;
+					if (sv.type != jbvString)
+						ereport(ERROR,
+								(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+								 errmsg("option \"stop\" must be a string or an array of strings")));
+					add_stop(b, json_string(&sv));
+				}
+			}
+			else
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("option \"stop\" must be a string or an array of strings")));
+		}
+		else
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("unrecognized gemma_chat option \"%s\"", key),
+					 errhint("Valid options are max_tokens, temperature, top_p, top_k, min_p, seed, stop, thinking, repetition_penalty, presence_penalty and frequency_penalty.")));
+	}
+}
+
+static const char *
+finish_reason_name(int reason)
+{
+	switch (reason)
+	{
+		case G4_FINISH_STOP:
+			return "stop";
+		case G4_FINISH_LENGTH:
+			return "length";
+		case G4_FINISH_CANCELLED:
+			return "cancelled";
+	}
+	return "unknown";
+}
+
+/*
+ * gemma_chat(messages jsonb, options jsonb DEFAULT '{}') returns
+ * {"content", "reasoning" (when thinking is on), "finish_reason", "usage"}.
+ */
+Datum
+gemma_chat(PG_FUNCTION_ARGS)
+{
+	G4Build		b;
+	G4Request  *r;
+	StringInfoData content;
+	StringInfoData reasoning;
+	StringInfoData json;
+	char		kind;
+	const char *data;
+	Size		len;
+	Size		slen;
+	int			prompt_tokens;
+	int			completion_tokens;
+	int			finish_reason;
+
+	g4_require_shared();
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("messages must not be null")));
+	build_init(&b, G4_KIND_CHAT);
+	parse_messages(&b, PG_GETARG_JSONB_P(0));
+	if (!PG_ARGISNULL(1))
+		parse_options(&b, PG_GETARG_JSONB_P(1));
+	build_finish(&b, g4_require_ready());
+
+	r = g4_request_start(&b.req, b.items.data, b.items.len);
+	initStringInfo(&content);
+	initStringInfo(&reasoning);
+	while (g4_request_next(r, &kind, &data, &len))
+	{
+		if (kind == G4_MQ_CONTENT)
+			appendBinaryStringInfo(&content, data, (int) len);
+		else if (kind == G4_MQ_REASONING)
+			appendBinaryStringInfo(&reasoning, data, (int) len);
+	}
+	prompt_tokens = r->hdr->prompt_tokens;
+	completion_tokens = r->hdr->completion_tokens;
+	finish_reason = r->hdr->finish_reason;
+	g4_request_finish(r);
+
+	initStringInfo(&json);
+	appendStringInfoString(&json, "{\"content\": ");
+	escape_json(&json, to_server(content.data, content.len, &slen));
+	if (b.req.thinking)
+	{
+		appendStringInfoString(&json, ", \"reasoning\": ");
+		escape_json(&json, to_server(reasoning.data, reasoning.len, &slen));
+	}
+	appendStringInfo(&json, ", \"finish_reason\": \"%s\", \"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, \"total_tokens\": %d}}",
+					 finish_reason_name(finish_reason), prompt_tokens, completion_tokens,
+					 prompt_tokens + completion_tokens);
+	PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data)));
+}

@@ -1,0 +1,231 @@
+/*-------------------------------------------------------------------------
+ *
+ * module.c
+ *	  Module entry point: configuration parameters, shared memory hooks and
+ *	  the registration of the supervisor background worker.
+ *
+ * The parameters that shape the engine (model, window, KV pool, batch
+ * limits, backend) mirror the vLLM tunables of the deployment this
+ * extension replaces, with the same defaults.  They are PGC_POSTMASTER and
+ * exist only when the library is loaded through shared_preload_libraries,
+ * because only then is there a worker to use them.  Session defaults
+ * (gemma4.default_max_tokens, gemma4.request_timeout) exist in any case.
+ *
+ * IDENTIFICATION
+ *	  src/pg/module.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "gemma4.h"
+
+#include <limits.h>
+
+#include "engine.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "postmaster/bgworker.h"
+#include "utils/guc.h"
+
+PG_MODULE_MAGIC;
+
+char	   *g4_model_dir = NULL;
+char	   *g4_draft_model_dir = NULL;
+char	   *g4_model_alias = NULL;
+int			g4_max_model_len = 262144;
+double		g4_gpu_memory_utilization = 0.95;
+int			g4_kv_cache_dtype = G4_KV_TURBOQUANT_K8V4;
+int			g4_max_num_seqs = 16;
+int			g4_max_num_batched_tokens = 16384;
+int			g4_num_speculative_tokens = 4;
+int			g4_backend = G4_BACKEND_AUTO;
+int			g4_cpu_threads = 0;
+int			g4_max_requests = 64;
+int			g4_default_max_tokens = 0;
+int			g4_request_timeout = 0;
+
+static const struct config_enum_entry kv_cache_dtype_options[] = {
+	{"bf16", G4_KV_BF16, false},
+	{"turboquant_k8v4", G4_KV_TURBOQUANT_K8V4, false},
+	{"f32", G4_KV_F32, false},
+	{NULL, 0, false}
+};
+
+static const struct config_enum_entry backend_options[] = {
+	{"auto", G4_BACKEND_AUTO, false},
+	{"cuda", G4_BACKEND_CUDA, false},
+	{"cpu", G4_BACKEND_CPU, false},
+	{NULL, 0, false}
+};
+
+void		_PG_init(void);
+
+static void define_session_gucs(void);
+static void define_server_gucs(void);
+static void register_supervisor(void);
+
+void
+_PG_init(void)
+{
+	define_session_gucs();
+
+	/*
+	 * Loaded on demand by a backend (no preload): the SQL functions report
+	 * that the worker is missing, there is nothing else to set up.
+	 */
+	if (!process_shared_preload_libraries_in_progress)
+	{
+		MarkGUCPrefixReserved("gemma4");
+		return;
+	}
+
+	define_server_gucs();
+	MarkGUCPrefixReserved("gemma4");
+
+	g4_shmem_install_hooks();
+
+	/* pg_upgrade starts the server with preloaded libraries: run nothing */
+	if (!IsBinaryUpgrade)
+		register_supervisor();
+}
+
+static void
+define_session_gucs(void)
+{
+	DefineCustomIntVariable("gemma4.default_max_tokens",
+							"Tokens to generate when a call passes no max_tokens.",
+							"0 means up to the end of the context window.",
+							&g4_default_max_tokens,
+							0, 0, INT_MAX,
+							PGC_USERSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.request_timeout",
+							"Longest time a gemma4 request may run.",
+							"The request is cancelled and its KV blocks freed when it runs longer. 0 disables the limit.",
+							&g4_request_timeout,
+							0, 0, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+}
+
+static void
+define_server_gucs(void)
+{
+	DefineCustomStringVariable("gemma4.model_dir",
+							   "Model the worker serves: a directory (safetensors) or a .gguf file.",
+							   "Empty means the default model installed at SHAREDIR/gemma4/default-model.gguf.",
+							   &g4_model_dir,
+							   "",
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("gemma4.draft_model_dir",
+							   "Draft (MTP assistant) model for speculative decoding.",
+							   "Empty means no speculative decoding.",
+							   &g4_draft_model_dir,
+							   "",
+							   PGC_POSTMASTER, GUC_SUPERUSER_ONLY,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("gemma4.model_alias",
+							   "Name under which the model is reported.",
+							   NULL,
+							   &g4_model_alias,
+							   "",
+							   PGC_POSTMASTER, 0,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.max_model_len",
+							"Context window in tokens (prompt and generated text).",
+							"Capped at the model's own maximum.",
+							&g4_max_model_len,
+							262144, 16, 16777216,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomRealVariable("gemma4.gpu_memory_utilization",
+							 "Fraction of the device memory the engine may use.",
+							 "What the weights and workspace leave of it becomes the KV pool.",
+							 &g4_gpu_memory_utilization,
+							 0.95, 0.01, 1.0,
+							 PGC_POSTMASTER, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("gemma4.kv_cache_dtype",
+							 "Storage format of the KV cache.",
+							 NULL,
+							 &g4_kv_cache_dtype,
+							 G4_KV_TURBOQUANT_K8V4, kv_cache_dtype_options,
+							 PGC_POSTMASTER, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.max_num_seqs",
+							"Largest number of sequences decoded in one batch.",
+							NULL,
+							&g4_max_num_seqs,
+							16, 1, 4096,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.max_num_batched_tokens",
+							"Largest number of tokens processed in one scheduler step (the prefill chunk).",
+							NULL,
+							&g4_max_num_batched_tokens,
+							16384, 1, 1048576,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.num_speculative_tokens",
+							"Tokens the draft model proposes per step.",
+							"Used only with gemma4.draft_model_dir.",
+							&g4_num_speculative_tokens,
+							4, 0, 16,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("gemma4.backend",
+							 "Compute backend of the engine.",
+							 "auto uses CUDA when a device is found, else the CPU.",
+							 &g4_backend,
+							 G4_BACKEND_AUTO, backend_options,
+							 PGC_POSTMASTER, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.cpu_threads",
+							"Threads of the CPU backend.",
+							"0 means one per core.",
+							&g4_cpu_threads,
+							0, 0, 1024,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.max_requests",
+							"Number of requests that may be in flight at once (shared memory slots).",
+							"Requests beyond gemma4.max_num_seqs wait inside the engine.",
+							&g4_max_requests,
+							64, 1, 8192,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+}
+
+/*
+ * One static worker with shared memory but no database connection: it
+ * serves every database and also runs on a hot standby.  It exits with
+ * status 1 on any failure of its own, which the postmaster answers with a
+ * plain restart after bgw_restart_time (never a cluster reset).
+ */
+static void
+register_supervisor(void)
+{
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS;
+	worker.bgw_start_time = BgWorkerStart_PostmasterStart;
+	worker.bgw_restart_time = 1;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "gemma4");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "gemma4_supervisor_main");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "gemma4 supervisor");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "gemma4 supervisor");
+	RegisterBackgroundWorker(&worker);
+}

@@ -1,0 +1,380 @@
+/*-------------------------------------------------------------------------
+ *
+ * queue.c
+ *	  Backend side of a request: its DSM segment, its submission slot, the
+ *	  interruptible wait for replies, and cancellation.
+ *
+ * A request lives in its own DSM segment laid out with shm_toc: the header
+ * (what is asked, and later the outcome), the payload items, and a reply
+ * shm_mq of which the backend is the receiver.  The backend publishes the
+ * segment's handle in a free slot of the shared slot array and sets the
+ * supervisor's latch.
+ *
+ * Cancellation: whatever ends the request early (an error, a query cancel,
+ * statement_timeout, gemma4.request_timeout, a closed cursor, LIMIT on a
+ * stream, the backend exiting) detaches the segment, either through the
+ * resource owner or through a reset callback on the memory context that
+ * holds the request.  The on_dsm_detach callback then tells the supervisor
+ * through the slot, which cancels the sequence in the engine and so frees
+ * its KV blocks before the next scheduler step.
+ *
+ * IDENTIFICATION
+ *	  src/pg/queue.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "gemma4.h"
+
+#include "engine.h"
+#include "miscadmin.h"
+#include "storage/proc.h"
+#include "storage/shm_toc.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+#include "utils/wait_event.h"
+
+/* Backends re-check the supervisor this often while waiting (ms). */
+#define G4_LIVENESS_CHECK_MS 1000
+
+static void g4_request_detached(dsm_segment *seg, Datum arg);
+static void g4_request_context_reset(void *arg);
+static void g4_slot_give_up(int slot, uint64 request_id);
+static int	g4_sqlstate_for(int code);
+static void g4_raise_request_error(const G4WireError *e) pg_attribute_noreturn();
+
+/*
+ * Create the request's segment, publish it in a slot and wake the
+ * supervisor.  The G4Request lives in CurrentMemoryContext; resetting that
+ * context detaches the segment (and so cancels the request) if it is still
+ * attached.  Raises an error at once when the model is not ready or every
+ * slot is taken.
+ */
+G4Request *
+g4_request_start(G4WireRequest *wreq, const char *items, Size items_len)
+{
+	shm_toc_estimator est;
+	Size		segsize;
+	dsm_segment *seg;
+	shm_toc    *toc;
+	G4ReqHeader *hdr;
+	char	   *payload;
+	shm_mq	   *mq;
+	G4Request  *r;
+	MemoryContextCallback *cb;
+	Latch	   *latch;
+	int			slot = -1;
+	int			i;
+
+	g4_require_ready();
+
+	shm_toc_initialize_estimator(&est);
+	shm_toc_estimate_chunk(&est, sizeof(G4ReqHeader));
+	shm_toc_estimate_chunk(&est, Max(items_len, 1));
+	shm_toc_estimate_chunk(&est, G4_QUEUE_SIZE);
+	shm_toc_estimate_keys(&est, 3);
+	segsize = shm_toc_estimate(&est);
+
+	r = palloc0(sizeof(G4Request));
+	r->slot = -1;
+	cb = palloc0(sizeof(MemoryContextCallback));
+
+	seg = dsm_create(segsize, 0);
+	r->seg = seg;
+	on_dsm_detach(seg, g4_request_detached, PointerGetDatum(r));
+	cb->func = g4_request_context_reset;
+	cb->arg = r;
+	MemoryContextRegisterResetCallback(CurrentMemoryContext, cb);
+
+	toc = shm_toc_create(G4_TOC_MAGIC, dsm_segment_address(seg), segsize);
+	hdr = shm_toc_allocate(toc, sizeof(G4ReqHeader));
+	memset(hdr, 0, sizeof(G4ReqHeader));
+	hdr->magic = G4_REQ_MAGIC;
+	hdr->req = *wreq;
+	hdr->req.items_len = (uint32) items_len;
+	shm_toc_insert(toc, G4_KEY_HEADER, hdr);
+	payload = shm_toc_allocate(toc, Max(items_len, 1));
+	if (items_len > 0)
+		memcpy(payload, items, items_len);
+	shm_toc_insert(toc, G4_KEY_ITEMS, payload);
+	mq = shm_mq_create(shm_toc_allocate(toc, G4_QUEUE_SIZE), G4_QUEUE_SIZE);
+	shm_toc_insert(toc, G4_KEY_QUEUE, mq);
+	shm_mq_set_receiver(mq, MyProc);
+	r->mqh = shm_mq_attach(mq, seg, NULL);
+	r->hdr = hdr;
+
+	/* claim a slot; errors are raised only after releasing the lock */
+	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
+	if (g4_shared->state == G4W_READY)
+	{
+		for (i = 0; i < g4_shared->n_slots; i++)
+		{
+			if (g4_shared->slots[i].state == G4_SLOT_FREE)
+			{
+				slot = i;
+				break;
+			}
+		}
+	}
+	if (g4_shared->state != G4W_READY || slot < 0)
+	{
+		bool		ready = g4_shared->state == G4W_READY;
+
+		LWLockRelease(g4_shared->lock);
+		if (!ready)
+			g4_require_ready();
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("too many concurrent gemma4 requests"),
+				 errdetail("All %d request slots are in use.", g4_shared->n_slots),
+				 errhint("Retry later, or raise gemma4.max_requests (this needs a server restart).")));
+	}
+	r->request_id = pg_atomic_fetch_add_u64(&g4_shared->next_request_id, 1);
+	hdr->slot = slot;
+	hdr->req.request_id = r->request_id;
+	g4_shared->slots[slot].state = G4_SLOT_SUBMITTED;
+	g4_shared->slots[slot].cancel = false;
+	g4_shared->slots[slot].kind = wreq->kind;
+	g4_shared->slots[slot].pid = MyProcPid;
+	g4_shared->slots[slot].request_id = r->request_id;
+	g4_shared->slots[slot].handle = dsm_segment_handle(seg);
+	g4_shared->slots[slot].submitted_at = GetCurrentTimestamp();
+	r->slot = slot;
+	r->supervisor_generation = g4_shared->supervisor_generation;
+	latch = g4_shared->supervisor_latch;
+	LWLockRelease(g4_shared->lock);
+
+	if (latch)
+		SetLatch(latch);
+
+	if (g4_request_timeout > 0)
+	{
+		r->timeout_ms = g4_request_timeout;
+		r->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), g4_request_timeout);
+	}
+	return r;
+}
+
+/*
+ * Wait for the next reply message.  Returns true with its kind and bytes
+ * (valid until the next call); returns false once the request has ended
+ * well, with the outcome in r->hdr.  Raises the request's error, and
+ * errors for a timeout or a supervisor that went away.  Interruptible.
+ */
+bool
+g4_request_next(G4Request *r, char *kind, const char **data, Size *len)
+{
+	bool		lost_seen = false;
+
+	for (;;)
+	{
+		shm_mq_result res;
+		Size		nbytes;
+		void	   *p;
+		long		wait_ms = G4_LIVENESS_CHECK_MS;
+		uint32		generation;
+		bool		lost;
+
+		CHECK_FOR_INTERRUPTS();
+		if (r->seg == NULL)
+			elog(ERROR, "gemma4 request %llu is no longer attached",
+				 (unsigned long long) r->request_id);
+
+		res = shm_mq_receive(r->mqh, &nbytes, &p, true);
+		if (res == SHM_MQ_SUCCESS)
+		{
+			if (nbytes < 1)
+				elog(ERROR, "gemma4 reply message is empty");
+			*kind = ((const char *) p)[0];
+			*data = (const char *) p + 1;
+			*len = nbytes - 1;
+			return true;
+		}
+		if (res == SHM_MQ_DETACHED)
+		{
+			/* the outcome was written before the supervisor detached */
+			pg_read_barrier();
+			if (r->hdr->result == G4_RESULT_OK)
+				return false;
+			if (r->hdr->result == G4_RESULT_ERROR)
+				g4_raise_request_error(&r->hdr->error);
+			ereport(ERROR,
+					(errcode(ERRCODE_SYSTEM_ERROR),
+					 errmsg("the gemma4 worker exited while this request was running"),
+					 errhint("The worker restarts automatically; see the server log.")));
+		}
+
+		/*
+		 * Nothing yet: is the supervisor that took the request still there,
+		 * and does the request still hold its slot?  The supervisor detaches
+		 * from the queue before it frees a slot, so a freed slot with the
+		 * queue still attached after that (checked by receiving once more)
+		 * means the request was dropped without an answer.
+		 */
+		LWLockAcquire(g4_shared->lock, LW_SHARED);
+		generation = g4_shared->supervisor_generation;
+		lost = g4_shared->slots[r->slot].request_id != r->request_id;
+		LWLockRelease(g4_shared->lock);
+		if (generation != r->supervisor_generation)
+			ereport(ERROR,
+					(errcode(ERRCODE_SYSTEM_ERROR),
+					 errmsg("the gemma4 worker restarted while this request was running"),
+					 errhint("Retry when SELECT gemma_wait_ready() returns true.")));
+		if (lost && lost_seen)
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("the gemma4 worker dropped this request without an answer"),
+					 errhint("See the server log.")));
+		if (lost)
+		{
+			/* receive once more: data or the outcome may have arrived */
+			lost_seen = true;
+			continue;
+		}
+
+		if (r->deadline != 0)
+		{
+			long		secs;
+			int			usecs;
+
+			if (GetCurrentTimestamp() >= r->deadline)
+				ereport(ERROR,
+						(errcode(ERRCODE_QUERY_CANCELED),
+						 errmsg("gemma4 request timed out after %d ms", r->timeout_ms),
+						 errhint("Raise gemma4.request_timeout, or lower max_tokens.")));
+			TimestampDifference(GetCurrentTimestamp(), r->deadline, &secs, &usecs);
+			wait_ms = Min(wait_ms, secs * 1000 + usecs / 1000 + 1);
+		}
+
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 wait_ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+}
+
+/* Detach from a request that has ended (the outcome was read already). */
+void
+g4_request_finish(G4Request *r)
+{
+	if (r->seg != NULL)
+		dsm_detach(r->seg);
+}
+
+/*
+ * on_dsm_detach callback: the backend no longer listens.  If the request
+ * still holds its slot, give it up (cancelling it when running).
+ */
+static void
+g4_request_detached(dsm_segment *seg, Datum arg)
+{
+	G4Request  *r = (G4Request *) DatumGetPointer(arg);
+
+	r->seg = NULL;
+	r->mqh = NULL;
+	r->hdr = NULL;
+	if (r->slot >= 0)
+	{
+		g4_slot_give_up(r->slot, r->request_id);
+		r->slot = -1;
+	}
+}
+
+/* Memory context reset callback: detach if not done yet. */
+static void
+g4_request_context_reset(void *arg)
+{
+	G4Request  *r = (G4Request *) arg;
+
+	if (r->seg != NULL)
+		dsm_detach(r->seg);
+}
+
+/*
+ * A slot the supervisor has not taken yet is simply freed; a running one
+ * is flagged for cancellation (the supervisor frees it).  A slot already
+ * freed or reused for another request is left alone.
+ */
+static void
+g4_slot_give_up(int slot, uint64 request_id)
+{
+	G4Slot	   *s = &g4_shared->slots[slot];
+	Latch	   *latch = NULL;
+
+	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
+	if (s->request_id == request_id)
+	{
+		if (s->state == G4_SLOT_SUBMITTED)
+			memset(s, 0, sizeof(G4Slot));
+		else if (s->state == G4_SLOT_RUNNING)
+		{
+			s->cancel = true;
+			latch = g4_shared->supervisor_latch;
+		}
+	}
+	LWLockRelease(g4_shared->lock);
+	if (latch)
+		SetLatch(latch);
+}
+
+/* The SQLSTATE for an engine (or supervisor) error code. */
+static int
+g4_sqlstate_for(int code)
+{
+	switch (code)
+	{
+		case G4_ERR_INVALID:
+			return ERRCODE_INVALID_PARAMETER_VALUE;
+		case G4_ERR_TOO_LONG:
+			return ERRCODE_PROGRAM_LIMIT_EXCEEDED;
+		case G4_ERR_NOMEM:
+			return ERRCODE_OUT_OF_MEMORY;
+		case G4_ERR_IO:
+			return ERRCODE_IO_ERROR;
+		case G4_ERR_FORMAT:
+			return ERRCODE_DATA_CORRUPTED;
+		case G4_ERR_UNSUPPORTED:
+			return ERRCODE_FEATURE_NOT_SUPPORTED;
+		case G4_ERR_BACKEND:
+			return ERRCODE_SYSTEM_ERROR;
+		case G4_ERR_CANCELLED:
+			return ERRCODE_QUERY_CANCELED;
+		case G4_ERR_BUSY:
+			return ERRCODE_INSUFFICIENT_RESOURCES;
+		case G4_ERR_PG_NOT_READY:
+			return ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
+		case G4_ERR_PG_ENGINE_DIED:
+			return ERRCODE_SYSTEM_ERROR;
+		case G4_ERR_PG_SHUTDOWN:
+			return ERRCODE_ADMIN_SHUTDOWN;
+	}
+	return ERRCODE_INTERNAL_ERROR;
+}
+
+/* Raise a request's error with its SQLSTATE and a hint on what to do. */
+static void
+g4_raise_request_error(const G4WireError *e)
+{
+	const char *hint = NULL;
+
+	switch (e->code)
+	{
+		case G4_ERR_TOO_LONG:
+			hint = "Shorten the prompt or lower max_tokens; prompt and generated tokens share the gemma4.max_model_len window.";
+			break;
+		case G4_ERR_NOMEM:
+		case G4_ERR_BUSY:
+			hint = "Retry when fewer requests are running.";
+			break;
+		case G4_ERR_PG_NOT_READY:
+		case G4_ERR_PG_ENGINE_DIED:
+			hint = "The engine restarts automatically; retry when SELECT gemma_wait_ready() returns true.";
+			break;
+		case G4_ERR_BACKEND:
+		case G4_ERR_INTERNAL:
+			hint = "See the server log.";
+			break;
+	}
+	ereport(ERROR,
+			(errcode(g4_sqlstate_for(e->code)),
+			 errmsg("%s", e->msg),
+			 hint ? errhint("%s", hint) : 0));
+}

@@ -1,0 +1,85 @@
+# G4Test.pm — helpers shared by the gemma4 TAP suites.
+package G4Test;
+
+use strict;
+use warnings;
+
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+# A node serving the tiny fixture model on the CPU backend.  Extra
+# postgresql.conf lines may be passed.
+sub new_node
+{
+	my ($name, $extra) = @_;
+	my $model = $ENV{G4_MODEL_DIR} or die "G4_MODEL_DIR is not set";
+	my $node = PostgreSQL::Test::Cluster->new($name);
+
+	$node->init(extra => [ '--encoding=UTF8', '--no-locale' ]);
+	$node->append_conf(
+		'postgresql.conf', qq{
+shared_preload_libraries = 'gemma4'
+gemma4.backend = cpu
+gemma4.model_dir = '$model'
+gemma4.max_model_len = 4096
+gemma4.cpu_threads = 2
+gemma4.max_num_seqs = 16
+max_connections = 60
+log_statement = none
+} . ($extra // ''));
+	return $node;
+}
+
+# Wait (up to 30 s) until no request is in flight and the KV pool is empty.
+sub wait_idle
+{
+	my ($node) = @_;
+
+	return $node->poll_query_until(
+		'postgres', q{
+SELECT NOT EXISTS (SELECT FROM gemma_requests)
+   AND (SELECT sum(blocks_used) FROM gemma_kv_pool) = 0
+   AND (SELECT max(sequences_live) FROM gemma_kv_pool) = 0
+   AND (SELECT requests_active FROM gemma_stats) = 0});
+}
+
+# Send a query to a background psql session without waiting for it.
+sub start_query
+{
+	my ($session, $sql) = @_;
+
+	$session->{timeout}->start();
+	$session->{stdin} .= "$sql;\n\\echo '__G4_DONE__'\n\\warn '__G4_DONE__'\n";
+	$session->{run}->pump_nb();
+}
+
+# Wait for the query sent by start_query; returns (stdout, stderr).
+sub finish_query
+{
+	my ($session) = @_;
+	my $done = qr/__G4_DONE__\r?\n/;
+
+	$session->{run}->pump()
+	  until ($session->{stdout} =~ $done && $session->{stderr} =~ $done)
+	  || $session->{timeout}->is_expired;
+	die "query timed out" if $session->{timeout}->is_expired;
+	my ($out, $err) = ($session->{stdout}, $session->{stderr});
+	$out =~ s/\r?\n?__G4_DONE__\r?\n//;
+	$err =~ s/\r?\n?__G4_DONE__\r?\n//;
+	$session->{stdout} = '';
+	$session->{stderr} = '';
+	return ($out, $err);
+}
+
+# Dynamic shared memory segments a process has mapped.
+sub dsm_mappings
+{
+	my ($pid) = @_;
+	my $maps = slurp_file("/proc/$pid/maps");
+
+	return scalar(() = $maps =~ m{/dev/shm/PostgreSQL\.}g);
+}
+
+1;
