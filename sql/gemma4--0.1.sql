@@ -84,6 +84,45 @@ LANGUAGE C VOLATILE PARALLEL SAFE COST 10000 ROWS 100;
 COMMENT ON FUNCTION gemma_complete_stream(text, int, float8, float8, int, bigint, text[]) IS
 'gemma_complete, one row per decoded piece';
 
+/*
+ * Batches: many prompts in one call, generated together (the requests share
+ * the engine's forward passes), answers in the same order; a NULL prompt
+ * gives a NULL answer.  For table jobs:
+ *   UPDATE docs d SET summary = b.answer
+ *     FROM (SELECT unnest(array_agg(id)) AS id,
+ *                  unnest(gemma_generate_batch(array_agg('Summarise: ' || body))) AS answer
+ *             FROM docs) b
+ *    WHERE d.id = b.id;
+ */
+CREATE FUNCTION gemma_complete_batch(prompts text[],
+									 max_tokens int DEFAULT NULL,
+									 temperature float8 DEFAULT NULL,
+									 top_p float8 DEFAULT NULL,
+									 top_k int DEFAULT NULL,
+									 seed bigint DEFAULT NULL,
+									 stop text[] DEFAULT NULL)
+RETURNS text[]
+AS 'MODULE_PATHNAME', 'gemma_complete_batch'
+LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
+
+COMMENT ON FUNCTION gemma_complete_batch(text[], int, float8, float8, int, bigint, text[]) IS
+'gemma_complete over many prompts at once, generated together';
+
+CREATE FUNCTION gemma_generate_batch(prompts text[],
+									 max_tokens int DEFAULT NULL,
+									 temperature float8 DEFAULT NULL,
+									 top_p float8 DEFAULT NULL,
+									 top_k int DEFAULT NULL,
+									 seed bigint DEFAULT NULL,
+									 stop text[] DEFAULT NULL,
+									 system text DEFAULT NULL)
+RETURNS text[]
+AS 'MODULE_PATHNAME', 'gemma_generate_batch'
+LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
+
+COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text) IS
+'gemma_generate over many prompts at once, generated together';
+
 CREATE FUNCTION gemma_chat(messages jsonb, options jsonb DEFAULT '{}')
 RETURNS jsonb
 AS 'MODULE_PATHNAME', 'gemma_chat'

@@ -46,6 +46,8 @@ PG_FUNCTION_INFO_V1(gemma_generate);
 PG_FUNCTION_INFO_V1(gemma_complete);
 PG_FUNCTION_INFO_V1(gemma_generate_stream);
 PG_FUNCTION_INFO_V1(gemma_complete_stream);
+PG_FUNCTION_INFO_V1(gemma_complete_batch);
+PG_FUNCTION_INFO_V1(gemma_generate_batch);
 PG_FUNCTION_INFO_V1(gemma_chat);
 
 /* A request being built: what is asked, and its payload items. */
@@ -70,7 +72,8 @@ typedef struct G4ArgPos
 /* gemma_generate(prompt, images, audio, max_tokens, temperature, top_p, top_k, seed, stop, system) */
 static const G4ArgPos generate_args = {3, 4, 5, 6, 7, 8};
 
-/* gemma_complete(prompt, max_tokens, temperature, top_p, top_k, seed, stop) */
+/* gemma_complete(prompt, max_tokens, temperature, top_p, top_k, seed, stop),
+ * and the batch functions' shared arguments after prompts[] */
 static const G4ArgPos complete_args = {1, 2, 3, 4, 5, 6};
 
 static void build_init(G4Build *b, G4RequestKind kind);
@@ -442,6 +445,106 @@ Datum
 gemma_complete_stream(PG_FUNCTION_ARGS)
 {
 	return stream_rows(fcinfo, true);
+}
+
+/*
+ * Batches: one call, many prompts, all in flight together so the engine runs
+ * them in the same forward passes (a table job: SELECT or UPDATE over
+ * array_agg of its rows).  Requests are started in order, at most half of
+ * gemma4.max_requests at a time so other sessions keep slots, and collected
+ * in order.  A NULL prompt gives a NULL answer.
+ */
+static Datum
+batch_rows(FunctionCallInfo fcinfo, bool chat)
+{
+	ArrayType  *prompts;
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+	Datum	   *out;
+	bool	   *out_null;
+	G4Request **reqs;
+	char	   *system = NULL;
+	int			window;
+	int			limit = Max(1, g4_max_requests / 2);
+	int			in_flight = 0;
+	int			next = 0;
+	int			i;
+	int			dims[1];
+	int			lbs[1] = {1};
+
+	g4_require_shared();
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	prompts = PG_GETARG_ARRAYTYPE_P(0);
+	if (ARR_NDIM(prompts) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("prompts must be a one-dimensional array")));
+	deconstruct_array(prompts, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
+	if (chat && !PG_ARGISNULL(7))
+	{
+		system = text_to_cstring(PG_GETARG_TEXT_PP(7));
+		if (system[0] == '\0')
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("system must not be empty"),
+					 errhint("Pass NULL for no system message.")));
+	}
+	for (i = 0; i < n; i++)
+		if (!nulls[i] && VARSIZE_ANY_EXHDR(DatumGetPointer(elems[i])) == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("prompt %d of the batch is empty", i + 1)));
+	window = g4_require_ready();
+	out = palloc0(sizeof(Datum) * Max(n, 1));
+	out_null = palloc0(sizeof(bool) * Max(n, 1));
+	reqs = palloc0(sizeof(G4Request *) * Max(n, 1));
+	for (i = 0; i <= n; i++)
+	{
+		/* collect in order whenever the window of requests is full */
+		while (next < i && (in_flight >= limit || i == n))
+		{
+			if (reqs[next])
+			{
+				out[next] = PointerGetDatum(collect_text(reqs[next]));
+				in_flight--;
+			}
+			else
+				out_null[next] = true;
+			next++;
+		}
+		if (i == n)
+			break;
+		if (!nulls[i])
+		{
+			G4Build		b;
+
+			build_init(&b, chat ? G4_KIND_CHAT : G4_KIND_TEXT);
+			if (system)
+				add_text_item(&b, G4_ITEM_SYSTEM, system);
+			add_text_item(&b, chat ? G4_ITEM_USER : G4_ITEM_PROMPT, TextDatumGetCString(elems[i]));
+			args_from_call(&b, fcinfo, &complete_args);
+			build_finish(&b, window);
+			reqs[i] = g4_request_start(&b.req, b.items.data, b.items.len);
+			in_flight++;
+		}
+	}
+	dims[0] = n;
+	PG_RETURN_ARRAYTYPE_P(construct_md_array(out, out_null, n > 0 ? 1 : 0, dims, lbs, TEXTOID, -1, false,
+											 TYPALIGN_INT));
+}
+
+Datum
+gemma_complete_batch(PG_FUNCTION_ARGS)
+{
+	return batch_rows(fcinfo, false);
+}
+
+Datum
+gemma_generate_batch(PG_FUNCTION_ARGS)
+{
+	return batch_rows(fcinfo, true);
 }
 
 /* The string value of a JSON string, in the database encoding. */

@@ -84,3 +84,9 @@ SELECT * FROM g4_try($$SELECT gemma_wait_ready(-1)$$);
 -- a session that made all these mistakes still works, and nothing is left behind
 SELECT gemma_generate('Hello world', max_tokens => 4) = gemma_generate('Hello world', max_tokens => 4) AS still_works;
 SELECT g4_wait_idle();
+
+-- batches
+SELECT * FROM g4_try($$SELECT gemma_complete_batch(ARRAY['x', ''])$$);
+SELECT * FROM g4_try($$SELECT gemma_complete_batch(ARRAY[['x'], ['y']])$$);
+SELECT * FROM g4_try($$SELECT gemma_generate_batch(ARRAY['x'], system => '')$$);
+SELECT * FROM g4_try($$SELECT gemma_complete_batch(ARRAY['x'], max_tokens => 0)$$);

@@ -98,3 +98,21 @@ SELECT requests > 0 AS has_requests, finished > 0 AS has_finished, tokens_in > 0
        tokens_out > 0 AS has_tokens_out, steps > 0 AS has_steps, mean_batch_size >= 1 AS mean_batch,
        max_batch_size >= 1 AS max_batch, requests_active
 FROM gemma_stats;
+
+-- batches: the answers of one call per prompt, in order, NULL for a NULL prompt
+SELECT b = ARRAY[gemma_complete('The capital of France is', max_tokens => 8), NULL,
+                 gemma_complete('Hello world', max_tokens => 8)] AS same_answers
+  FROM gemma_complete_batch(ARRAY['The capital of France is', NULL, 'Hello world'], max_tokens => 8) AS b;
+SELECT b[2] = gemma_generate('Hello world', max_tokens => 6, system => 'Be brief.') AS same_chat_answer,
+       cardinality(b) AS answers
+  FROM gemma_generate_batch(ARRAY['Tell me a story', 'Hello world'], max_tokens => 6, system => 'Be brief.') AS b;
+SELECT gemma_complete_batch('{}'::text[]) AS no_prompts, gemma_complete_batch(NULL) AS null_prompts;
+-- a table job: the requests of one batch share forward passes
+CREATE TEMP TABLE docs (id int PRIMARY KEY, body text, topic text);
+INSERT INTO docs SELECT i, 'Document number ' || i FROM generate_series(1, 6) i;
+UPDATE docs d SET topic = b.answer
+  FROM (SELECT unnest(array_agg(id ORDER BY id)) AS id,
+               unnest(gemma_complete_batch(array_agg(body ORDER BY id), max_tokens => 4)) AS answer
+          FROM docs) b
+ WHERE d.id = b.id;
+SELECT count(*) FILTER (WHERE topic = gemma_complete(body, max_tokens => 4)) AS same_as_alone FROM docs;
