@@ -2,16 +2,13 @@
 # (included from the Makefile after PGXS, whose directory variables it uses).
 
 # A private PostgreSQL tree (a copy of this machine's server) with the
-# extension and the default model installed: tests and the demo run against
-# it without root and without touching the system installation.
+# extension installed: tests and the demo run against it without root and
+# without touching the system installation.
 PG_PRIVATE := $(BUILD)/pg
 .PHONY: pg-private install-default-model
 pg-private: all
 	@tools/private-pg.sh $(PG_PRIVATE) >/dev/null
 	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(PG_PRIVATE) >/dev/null
-	@if [ -f $(DEFAULT_MODEL) ]; then \
-		mkdir -p '$(PG_PRIVATE)$(datadir)/gemma4' && \
-		ln -sf '$(CURDIR)/$(DEFAULT_MODEL)' '$(PG_PRIVATE)$(datadir)/gemma4/default-model.gguf'; fi
 	@echo "private PostgreSQL with gemma4: $(PG_PRIVATE)$(bindir)"
 
 # The embedded default model, where the worker looks when gemma4.model_dir

@@ -91,6 +91,10 @@ if [ ! -f "$MODEL/config.json" ]; then
 	"$REPO/build/gemma4-make-model" --preset tiny --out "$MODEL" >/dev/null || exit 2
 fi
 export G4_MODEL_DIR=$MODEL
+# the embedded default model, when it was fetched (make fetch-default-model)
+if [ -f "$REPO/build/models/gemma-3-270m-q4_k_m.gguf" ]; then
+	export G4_DEFAULT_GGUF=$REPO/build/models/gemma-3-270m-q4_k_m.gguf
+fi
 
 start=$(date +%s)
 

@@ -296,6 +296,32 @@ SKIP:
 	);
 }
 
+# The embedded default model: with gemma4.model_dir empty the worker serves
+# <sharedir>/gemma4/default-model.gguf (Gemma 3 270M, real weights), which
+# answers a factual question.
+SKIP:
+{
+	my $gguf = $ENV{G4_DEFAULT_GGUF} // '';
+	my $dir = "$ENV{G4_SHAREDIR}/gemma4";
+	my $default = "$dir/default-model.gguf";
+	skip 'the default model was not fetched (package registry unreachable)', 3 unless -f $gguf;
+	skip 'the share directory is not writable (a system installation)', 3
+	  unless -w $ENV{G4_SHAREDIR} && !-e $default;
+	mkdir $dir;
+	symlink($gguf, $default) or die "symlink: $!";
+	restart_with("gemma4.model_dir = ''\ngemma4.max_model_len = 2048");
+	is($node->safe_psql('postgres', 'SELECT gemma_wait_ready(120000)'), 't', 'default model: it loads');
+	like($node->safe_psql('postgres', 'SELECT architecture FROM gemma_stats'), qr/gemma3/,
+		'default model: Gemma 3 270M is served');
+	like(
+		$node->safe_psql('postgres',
+			"SELECT gemma_complete(E'Question: What is the capital of France?\\nAnswer:', max_tokens => 4)"),
+		qr/Paris/, 'default model: the capital of France is Paris');
+	unlink($default);
+	rmdir $dir;
+	$node->append_conf('postgresql.conf', 'gemma4.max_model_len = 4096');
+}
+
 {
 	restart_with("shared_preload_libraries = ''");
 	call_fails('not preloaded', "SELECT gemma_generate('x')",
