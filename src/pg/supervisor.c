@@ -410,6 +410,11 @@ prepare_config(void)
 		}
 	}
 	strlcpy(c->draft_model_path, g4_draft_model_dir, sizeof(c->draft_model_path));
+	if (c->draft_model_path[0] != '\0')
+		ereport(WARNING,
+				(errmsg("gemma4.draft_model_dir is set but speculative decoding is not implemented in this version"),
+				 errdetail("The model is served without the MTP assistant; gemma4.num_speculative_tokens has no effect."),
+				 errhint("Unset gemma4.draft_model_dir to silence this warning.")));
 	c->backend = g4_backend;
 	c->threads = g4_cpu_threads;
 	c->max_model_len = g4_max_model_len;
