@@ -32,6 +32,11 @@ gpu-tests: $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 $(GPU_TEST_BIN): $(GPU_TEST_SRCS) $(wildcard test/gpu/*.h test/engine/*.h) $(ENGINE_OBJS) $(CUDA_OBJS)
 	$(CC) $(ENGINE_CFLAGS) -Itest/engine -Itest/gpu -o $@ $(GPU_TEST_SRCS) $(ENGINE_OBJS) $(CUDA_OBJS) \
 		$(CUDA_LDLIBS) $(ENGINE_LDLIBS)
+# the int4 GEMV experiment: a standalone program, not part of the engine
+.PHONY: gemv-lab
+gemv-lab: $(BUILD)/gemv-lab
+$(BUILD)/gemv-lab: cuda/lab/gemv_lab.cu
+	$(NVCC) -O3 $(NVCC_ARCH) -o $@ $<
 $(GPU_BENCH_BIN): test/bench/bench_gpu.c test/gpu/step_driver.c test/gpu/step_driver.h $(ENGINE_OBJS) $(CUDA_OBJS)
 	$(CC) $(ENGINE_CFLAGS) -Itest/gpu -o $@ test/bench/bench_gpu.c test/gpu/step_driver.c $(ENGINE_OBJS) \
 		$(CUDA_OBJS) $(CUDA_LDLIBS) $(ENGINE_LDLIBS)

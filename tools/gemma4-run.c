@@ -32,7 +32,11 @@ typedef struct
 	int			failed;
 	int			prompt_tokens;
 	int			completion_tokens;
-	double		first_token_at;
+	double		first_token_at;	/* the first sequence's first sampled token */
+	double		all_started_at; /* every sequence has sampled a token */
+	double	   *first_at;		/* per request */
+	int			n_started;
+	int			generated_before_all; /* tokens sampled before all_started_at */
 	int			in_reasoning;
 } run_ctx;
 
@@ -67,8 +71,6 @@ on_event(void *arg, const g4_event *ev)
 	switch (ev->kind)
 	{
 		case G4_EV_TEXT:
-			if (r->first_token_at == 0)
-				r->first_token_at = now();
 			if (r->stream && i == 0)
 			{
 				if (ev->channel == G4_CHANNEL_REASONING && !r->in_reasoning)
@@ -107,6 +109,42 @@ on_event(void *arg, const g4_event *ev)
 			r->failed++;
 			fprintf(stderr, "request %d failed: %s\n", i + 1, ev->error_msg);
 			break;
+	}
+}
+
+/* When each request samples its first token (decoded to text or not). */
+static void
+note_first_tokens(g4_engine *e, run_ctx *r)
+{
+	g4_seq_info info[256];
+	int			n = g4_seqs_get(e, info, 256);
+	double		t = now();
+	int			i,
+				k;
+	g4_stats	st;
+
+	for (i = 0; i < r->batch; i++)
+	{
+		int			started = 1;	/* gone from the engine: it finished */
+
+		if (r->first_at[i] != 0)
+			continue;
+		for (k = 0; k < n; k++)
+			if (info[k].seq_id == r->ids[i])
+				started = info[k].generated_tokens > 0;
+		if (started)
+		{
+			r->first_at[i] = t;
+			r->n_started++;
+			if (r->first_token_at == 0)
+				r->first_token_at = t;
+		}
+	}
+	if (r->n_started == r->batch)
+	{
+		g4_stats_get(e, &st);
+		r->all_started_at = t;
+		r->generated_before_all = (int) st.tokens_generated;
 	}
 }
 
@@ -269,9 +307,10 @@ main(int argc, char **argv)
 	}
 
 	r.ids = calloc((size_t) r.batch, sizeof(uint64_t));
+	r.first_at = calloc((size_t) r.batch, sizeof(double));
 	r.text = calloc((size_t) r.batch, sizeof(char *));
 	r.text_len = calloc((size_t) r.batch, sizeof(size_t));
-	if (!r.ids || !r.text || !r.text_len)
+	if (!r.ids || !r.text || !r.text_len || !r.first_at)
 		return 1;
 	t0 = now();
 	for (i = 0; i < r.batch; i++)
@@ -290,6 +329,8 @@ main(int argc, char **argv)
 			fprintf(stderr, "gemma4-run: %s\n", err.msg);
 			break;
 		}
+		if (r.n_started < r.batch)
+			note_first_tokens(e, &r);
 		if (rc == 0)
 			break;
 	}
@@ -306,13 +347,16 @@ main(int argc, char **argv)
 	if (bench)
 	{
 		g4_stats	st;
-		double		prefill = r.first_token_at > 0 ? r.first_token_at - t0 : t1 - t0;
-		double		decode = t1 - (r.first_token_at > 0 ? r.first_token_at : t1);
-		int			decoded = r.completion_tokens - r.batch;
+		double		ttft = r.first_token_at > 0 ? r.first_token_at - t0 : t1 - t0;
+		double		prefill = r.all_started_at > 0 ? r.all_started_at - t0 : t1 - t0;
+		double		decode = t1 - (r.all_started_at > 0 ? r.all_started_at : t1);
+		int			decoded = r.completion_tokens - r.generated_before_all;
 
 		g4_stats_get(e, &st);
+		/* prefill: until every prompt is in (its last chunk sampled a
+		 * token); decode: from then on, every sequence generating */
 		printf("prefill: %d tokens in %.3f s = %.1f tokens/s (time to first token %.3f s)\n", r.prompt_tokens,
-			   prefill, prefill > 0 ? r.prompt_tokens / prefill : 0.0, prefill);
+			   prefill, prefill > 0 ? r.prompt_tokens / prefill : 0.0, ttft);
 		printf("decode:  %d tokens in %.3f s = %.1f tokens/s (%d sequence%s, %llu steps, mean batch %.1f)\n",
 			   decoded, decode, decode > 0 ? decoded / decode : 0.0, r.batch, r.batch > 1 ? "s" : "",
 			   (unsigned long long) st.steps, st.steps ? (double) st.batch_seqs_sum / (double) st.steps : 0.0);
@@ -325,6 +369,7 @@ main(int argc, char **argv)
 	free(r.text);
 	free(r.text_len);
 	free(r.ids);
+	free(r.first_at);
 	free(synthetic);
 	g4_close(e);
 	return r.failed ? 1 : 0;

@@ -179,7 +179,9 @@ typedef struct
 	 * when the operations must be issued as usual (the backend may record
 	 * them), followed by graph_end; a negative g4_status on failure.  Only
 	 * for steps whose operations are a function of the step's shape: no
-	 * upload, download or sync between the two calls.
+	 * upload, download or sync between the two calls.  A step_begin issued
+	 * between them (g4_model_forward's own) changes nothing: the metadata
+	 * given to the step_begin before graph_begin is the step's.
 	 */
 	int			(*graph_begin) (g4_backend *be);
 	int			(*graph_end) (g4_backend *be);

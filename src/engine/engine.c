@@ -232,10 +232,12 @@ g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
 		}
 		e->st_logit_rows = g4_malloc((size_t) e->max_logits * sizeof(int32_t));
 		e->st_logit_seq = g4_malloc((size_t) e->max_logits * sizeof(g4_seq *));
+		e->st_ids = g4_malloc((size_t) e->max_logits * sizeof(int32_t));
 		e->logits_host = g4_malloc((size_t) e->max_logits * (size_t) c->vocab_size * sizeof(float));
 		e->slot_used = g4_calloc((size_t) e->max_seqs, 1);
 		if (!e->st_token || !e->st_pos || !e->st_slot || !e->st_lo[0] || !e->st_lo[1] || !e->st_hi[0] ||
-			!e->st_hi[1] || !e->st_logit_rows || !e->st_logit_seq || !e->logits_host || !e->slot_used)
+			!e->st_hi[1] || !e->st_logit_rows || !e->st_logit_seq || !e->st_ids || !e->logits_host ||
+			!e->slot_used)
 			rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
 	}
 	if (rc != G4_OK)
@@ -281,6 +283,7 @@ g4_close(g4_engine *e)
 	}
 	free(e->st_logit_rows);
 	free(e->st_logit_seq);
+	free(e->st_ids);
 	free(e->st_embed_index);
 	free(e->st_embed_rows);
 	free(e->logits_host);
@@ -491,6 +494,25 @@ fail_all(g4_engine *e, const g4_err *why, g4_event_fn fn, void *ctx)
 	}
 }
 
+/* Greedy rows without penalties can be chosen on the device, so only token
+ * ids cross to the host (the same choice as g4_sample at temperature 0). */
+static int
+greedy_on_device(const g4_engine *e, int n_logits)
+{
+	int			i;
+
+	if (!e->be->ops->argmax || e->logits_hook)
+		return 0;
+	for (i = 0; i < n_logits; i++)
+	{
+		const g4_seq *s = e->st_logit_seq[i];
+
+		if (s->samp.temperature != 0.0f || g4_sampling_needs_hist(&s->samp))
+			return 0;
+	}
+	return 1;
+}
+
 int
 g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 {
@@ -499,6 +521,7 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 	g4_embed_rows extra;
 	step_events se;
 	int			V = e->model->cfg.vocab_size;
+	int			device_ids = 0;
 	int			i;
 	int			rc;
 
@@ -518,7 +541,11 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 		rc = g4_schedule_meta(e, &sc, &meta, &extra, err);
 	if (rc == G4_OK && sc.n_items > 0)
 		rc = g4_model_forward(e->model, &e->ws, &meta, extra.n ? &extra : NULL, err);
-	if (rc == G4_OK && sc.n_items > 0 && meta.n_logits > 0)
+	device_ids = rc == G4_OK && sc.n_items > 0 && meta.n_logits > 0 && greedy_on_device(e, meta.n_logits);
+	if (device_ids)
+		rc = e->be->ops->argmax(e->be, e->ws.logits, meta.n_logits, V, e->model->cfg.suppress_ids,
+								e->model->cfg.n_suppress, e->st_ids);
+	else if (rc == G4_OK && sc.n_items > 0 && meta.n_logits > 0)
 		rc = e->be->ops->download(e->be, e->logits_host, e->ws.logits,
 								  (size_t) meta.n_logits * (size_t) V * sizeof(float));
 	if (rc == G4_OK && sc.n_items > 0)
@@ -561,10 +588,15 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 			float	   *row = e->logits_host + (size_t) i * (size_t) V;
 			int32_t		id;
 
-			if (e->logits_hook)
-				e->logits_hook(e->hook_ctx, s->id, row, V);
-			id = g4_sample(row, V, &s->samp, s->has_hist ? &s->hist : NULL, c->suppress_ids, c->n_suppress,
-						   &s->rng, &e->scratch);
+			if (device_ids)
+				id = e->st_ids[i];
+			else
+			{
+				if (e->logits_hook)
+					e->logits_hook(e->hook_ctx, s->id, row, V);
+				id = g4_sample(row, V, &s->samp, s->has_hist ? &s->hist : NULL, c->suppress_ids, c->n_suppress,
+							   &s->rng, &e->scratch);
+			}
 			if (e->token_hook)
 				e->token_hook(e->hook_ctx, s->id, id);
 			g4_seq_emit_token(e, s, id, step_event, &se);

@@ -96,6 +96,7 @@ struct g4_engine
 			   *st_hi[G4_KVG_COUNT];
 	int32_t    *st_logit_rows;
 	g4_seq	  **st_logit_seq;	/* sequence of each logit row */
+	int32_t    *st_ids;			/* ids chosen on the device, per logit row */
 	int32_t    *st_embed_index;
 	float	   *st_embed_rows;
 	int			st_cap_embeds;

@@ -185,20 +185,16 @@ mlp_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int T, g4_err *err)
 	return G4_OK;
 }
 
-int
-g4_model_forward(g4_model *m, g4_workspace *ws, const g4_step_meta *meta,
-				 const g4_embed_rows *extra, g4_err *err)
+/* Every operation of one step, after step_begin. */
+static int
+issue_step(g4_model *m, g4_workspace *ws, const g4_step_meta *meta, const g4_embed_rows *extra, g4_err *err)
 {
 	const g4_model_config *c = &m->cfg;
 	g4_backend *be = m->be;
-	int			T = meta->n_tokens;
 	size_t		H = (size_t) c->hidden_size;
+	int			T = meta->n_tokens;
 	int			i;
 
-	if (T <= 0 || T > ws->max_tokens || meta->n_logits > ws->max_logits)
-		return g4_fail(err, G4_ERR_INTERNAL, "step of %d tokens / %d logit rows exceeds the workspace (%d / %d)",
-					   T, meta->n_logits, ws->max_tokens, ws->max_logits);
-	TRY(be->ops->step_begin(be, meta));
 	TRY(be->ops->embed(be, m->embed, m->embed_scale, ws->x));
 	if (extra)
 	{
@@ -225,4 +221,43 @@ g4_model_forward(g4_model *m, g4_workspace *ws, const g4_step_meta *meta,
 								 (float) c->final_softcap));
 	}
 	return G4_OK;
+}
+
+int
+g4_model_forward(g4_model *m, g4_workspace *ws, const g4_step_meta *meta,
+				 const g4_embed_rows *extra, g4_err *err)
+{
+	g4_backend *be = m->be;
+	int			T = meta->n_tokens;
+	int			graphs;
+	int			rc;
+
+	if (T <= 0 || T > ws->max_tokens || meta->n_logits > ws->max_logits)
+		return g4_fail(err, G4_ERR_INTERNAL, "step of %d tokens / %d logit rows exceeds the workspace (%d / %d)",
+					   T, meta->n_logits, ws->max_tokens, ws->max_logits);
+	TRY(be->ops->step_begin(be, meta));
+
+	/* A backend that records steps replays a step whose operations depend
+	 * only on its shape; uploaded soft-token rows make a step unique. */
+	graphs = !extra && be->ops->graph_begin && be->ops->graph_end;
+	if (graphs)
+	{
+		rc = be->ops->graph_begin(be);
+		if (rc < 0)
+			return g4_fail(err, rc, "%s backend: starting a step graph failed", be->ops->name);
+		if (rc == 1)
+		{
+			TRY(be->ops->graph_end(be));
+			return G4_OK;
+		}
+	}
+	rc = issue_step(m, ws, meta, extra, err);
+	if (graphs)
+	{
+		int			rc2 = be->ops->graph_end(be);
+
+		if (rc == G4_OK && rc2 != G4_OK)
+			return g4_fail(err, rc2, "%s backend: finishing a step graph failed", be->ops->name);
+	}
+	return rc;
 }

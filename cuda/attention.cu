@@ -1,0 +1,1297 @@
+/*
+ * attention.cu — attention over the paged KV pool (f32, bf16,
+ * turboquant_k8v4; K rebuilt as RoPE(V ⊙ k_norm) on k_eq_v layers).
+ *
+ * Two kernels, one contract (attention.c): every query row sees the keys
+ * [lo, hi) of its token, softmax(q·k·scale)·v, turboquant queries rotated by
+ * the Hadamard transform once and outputs rotated back once.
+ *
+ *  simt  float32 on the CUDA cores, exact to rounding: one block per
+ *        (token, KV head, split) streams the 16-position head blocks of its
+ *        range through shared memory (cp.async, double-buffered); four warps
+ *        take four keys of each with an online softmax each, lane = a slice
+ *        of head_dim.  Decode of layers
+ *        with few query heads per KV head (memory-bound), and every shape
+ *        the tensor-core kernel does not cover.
+ *  tc    f16 tensor cores (m16n8k16), float32 softmax and accumulation
+ *        (queries, keys, values and probabilities are normalised-scale
+ *        quantities: f16 keeps 11 significant bits where bf16 keeps 8):
+ *        a block takes 16·RG query rows (consecutive tokens of one sequence
+ *        × the query heads of one KV head), decodes each 16-key pool block
+ *        once into shared memory as f16 (K rebuilt with RoPE for k_eq_v)
+ *        while the next block's raw bytes are already being loaded, and
+ *        splits head_dim over four warps per 16 rows (partial q·k summed
+ *        through shared memory, each warp owning a quarter of the output).
+ *        Prefill, and decode of layers with many query heads per KV head.
+ *
+ * Long ranges are split over blocks (flash-decoding): each writes its
+ * partial (max, sum, unnormalised output) per row and attn_merge_kernel
+ * combines them by log-sum-exp in split order, one block per row, so
+ * results do not depend on timing.
+ */
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+#define ATTN_SPLIT_MIN_KEYS 32
+
+struct attn_args
+{
+	int			dtype;
+	int			k_eq_v;
+	int			rotated;		/* turboquant and not k_eq_v */
+	int			hd;
+	int			n_kv;
+	int			gq;				/* query heads per KV head */
+	float		scale;
+	const float *knorm;			/* k_eq_v */
+	const float *inv_freq;		/* k_eq_v */
+	const uint8_t *layer_base;
+	size_t		layer_block_bytes;
+	size_t		head_block_bytes;
+	const int32_t *table;
+	int			max_blocks;
+	const float *q;
+	int			q_stride;
+	float	   *out;
+	int			out_stride;		/* n_heads * hd */
+	const int32_t *slot,
+			   *lo,
+			   *hi;
+	const int32_t *tiles;		/* tc: first token of each tile, then n */
+	int			S;				/* splits (gridDim.y) */
+	float	   *partial;		/* [group][split][row][hd + 2] when S > 1 */
+	unsigned   *status;
+};
+
+/* Head block of (slot, position) for KV head g, or NULL. */
+__device__ __forceinline__ const uint8_t *
+kv_head_block(const attn_args &a, int slot, int p, int g)
+{
+	int32_t		blk = a.table[(size_t) slot * (size_t) a.max_blocks + (size_t) (p / G4_KV_BLOCK_TOKENS)];
+
+	if (blk < 0)
+		return NULL;
+	return a.layer_base + (size_t) blk * a.layer_block_bytes + (size_t) g * a.head_block_bytes;
+}
+
+/* n bytes (1..64, a power of two, naturally aligned), global or shared */
+template <int NB>
+__device__ __forceinline__ void
+load_bytes(const uint8_t *p, uint8_t *dst)
+{
+	if constexpr (NB >= 16)
+	{
+#pragma unroll
+		for (int i = 0; i < NB / 16; i++)
+			reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(p)[i];
+	}
+	else if constexpr (NB == 8)
+		*reinterpret_cast<uint2 *>(dst) = *reinterpret_cast<const uint2 *>(p);
+	else if constexpr (NB == 4)
+		*reinterpret_cast<uint32_t *>(dst) = *reinterpret_cast<const uint32_t *>(p);
+	else if constexpr (NB == 2)
+		*reinterpret_cast<uint16_t *>(dst) = *reinterpret_cast<const uint16_t *>(p);
+	else
+		*dst = *p;
+}
+
+/* Decode E consecutive elements starting at d0 of the stored K (k = true)
+ * or V of one (token, head) slot.  For k_eq_v layers both are the stored
+ * vector. */
+template <int DT, int E>
+__device__ __forceinline__ void
+decode_elems(const uint8_t *hb, int off, int hd, int d0, bool k, bool k_eq_v, float *x)
+{
+	if (DT == G4_KV_F32)
+	{
+		float		v[E];
+		const float *p = reinterpret_cast<const float *>(hb) + (size_t) ((k || k_eq_v) ? off : G4_KV_BLOCK_TOKENS + off) * hd + d0;
+
+		load_bytes<E * 4>(reinterpret_cast<const uint8_t *>(p), reinterpret_cast<uint8_t *>(v));
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			x[e] = v[e];
+	}
+	else if (DT == G4_KV_BF16)
+	{
+		uint16_t	v[E];
+		const uint16_t *p = reinterpret_cast<const uint16_t *>(hb) + (size_t) ((k || k_eq_v) ? off : G4_KV_BLOCK_TOKENS + off) * hd + d0;
+
+		load_bytes<E * 2>(reinterpret_cast<const uint8_t *>(p), reinterpret_cast<uint8_t *>(v));
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			x[e] = g4c_bf16_to_f32(v[e]);
+	}
+	else if (k || k_eq_v)
+	{
+		int8_t		v[E];
+		float		s = g4c_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_kscale_off(hd) + 2 * (size_t) off));
+
+		load_bytes<E>(hb + (size_t) off * hd + d0, reinterpret_cast<uint8_t *>(v));
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			x[e] = __fmul_rn((float) v[e], s);
+	}
+	else
+	{
+		int			G = g4c_v4_group(hd);
+		const uint8_t *vq = hb + g4c_tq_v_off(hd) + (size_t) off * (size_t) (hd / 2);
+		const uint16_t *vs = reinterpret_cast<const uint16_t *>(hb + g4c_tq_vscale_off(hd) + (size_t) off * (size_t) (hd / G) * 2);
+
+		if constexpr (E >= 2)
+		{
+			uint8_t		v[E / 2];
+			float		s = g4c_f16_to_f32(vs[d0 / G]);	/* E divides G */
+
+			load_bytes<E / 2>(vq + d0 / 2, v);
+#pragma unroll
+			for (int e = 0; e < E / 2; e++)
+			{
+				x[2 * e] = __fmul_rn((float) ((int) (v[e] & 15) - 8), s);
+				x[2 * e + 1] = __fmul_rn((float) ((int) (v[e] >> 4) - 8), s);
+			}
+		}
+		else
+		{
+			uint8_t		b = vq[d0 / 2];
+			float		s = g4c_f16_to_f32(vs[d0 / G]);
+
+			x[0] = __fmul_rn((float) ((int) ((b >> (4 * (d0 & 1))) & 15) - 8), s);
+		}
+	}
+}
+
+/* Hadamard of `rows` rows of n floats in shared memory (whole block). */
+__device__ void
+hadamard_rows_smem(float *x, int rows, int n, int stride)
+{
+	for (int len = 1; len < n; len <<= 1)
+	{
+		for (int q = threadIdx.x; q < rows * (n / 2); q += blockDim.x)
+		{
+			int			r = q / (n / 2),
+						b = q % (n / 2);
+			int			j = (b / len) * 2 * len + (b % len);
+			float	   *row = x + (size_t) r * stride;
+			float		u = row[j],
+						v = row[j + len];
+
+			row[j] = __fadd_rn(u, v);
+			row[j + len] = __fsub_rn(u, v);
+		}
+		__syncthreads();
+	}
+	{
+		float		norm = __fdiv_rn(1.0f, __fsqrt_rn((float) n));
+
+		for (int q = threadIdx.x; q < rows * n; q += blockDim.x)
+		{
+			float	   *p = x + (size_t) (q / n) * stride + (q % n);
+
+			*p = __fmul_rn(*p, norm);
+		}
+	}
+	__syncthreads();
+}
+
+/* Where the output row r of a block goes: token t0 + r / gq, query head
+ * g·gq + r % gq; NULL for rows past the block's tokens. */
+struct row_map
+{
+	float	   *out;
+	int			out_stride;
+	int			t0;
+	int			ntok;
+	int			gq;
+	int			g;
+	int			hd;
+
+	__device__ __forceinline__ float *row(int r) const
+	{
+		int			tt = r / gq;
+
+		if (tt >= ntok)
+			return NULL;
+		return out + (size_t) (t0 + tt) * out_stride + (size_t) (g * gq + r % gq) * hd;
+	}
+};
+
+/* ==== simt ======================================================================= */
+
+#define SIMT_WARPS 4
+
+template <int HD>
+struct simt_geom
+{
+	static constexpr int E = HD >= 32 ? HD / 32 : 1;	/* dims per lane */
+	static constexpr int LANES = HD / E;	/* lanes holding dims */
+	static constexpr int GQMAX = (64 / E) > 32 ? 32 : (64 / E);
+};
+
+template <int HD, int DT>
+__global__ void __launch_bounds__(SIMT_WARPS * 32)
+attn_simt_kernel(attn_args a)
+{
+	constexpr int E = simt_geom<HD>::E;
+	constexpr int LANES = simt_geom<HD>::LANES;
+	constexpr int GQMAX = simt_geom<HD>::GQMAX;
+	constexpr int U = G4_KV_BLOCK_TOKENS / SIMT_WARPS;	/* keys of a block per warp */
+	extern __shared__ __align__(16) unsigned char sm_raw[];
+	float	   *sm = reinterpret_cast<float *>(sm_raw);
+	float	   *qs = sm;			/* [gq][HD] */
+	float	   *ms = sm + a.gq * HD;	/* [warps][gq][HD + 2] */
+	/* two head blocks (16 positions of this KV head), staged by cp.async */
+	uint8_t    *blk = sm_raw + (((size_t) a.gq * HD + (size_t) SIMT_WARPS * a.gq * (HD + 2)) * 4 + 15) / 16 * 16;
+	__shared__ bool blk_ok[2];
+	int			t = blockIdx.x / a.n_kv;
+	int			g = blockIdx.x % a.n_kv;
+	int			split = blockIdx.y;
+	int			lane = threadIdx.x & 31;
+	int			warp = threadIdx.x >> 5;
+	int			gq = a.gq;
+	int			lo = a.lo[t],
+				hi = a.hi[t];
+	int			span = max(hi - lo, 0);
+	int			chunk = max((span + a.S - 1) / a.S, 1);
+	int			j0 = lo + split * chunk;
+	int			j1 = min(hi, j0 + chunk);
+	int			slot = a.slot[t];
+	int			d0 = lane * E;
+	bool		dl = lane < LANES;
+	int			hbb = (int) a.head_block_bytes;
+	float		m[GQMAX],
+				l[GQMAX],
+				acc[GQMAX][E];
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	for (int i = threadIdx.x; i < gq * HD; i += blockDim.x)
+		qs[i] = a.q[(size_t) t * a.q_stride + (size_t) g * gq * HD + i];
+	__syncthreads();
+	if (a.rotated)
+		hadamard_rows_smem(qs, gq, HD, HD);
+#pragma unroll
+	for (int h = 0; h < GQMAX; h++)
+	{
+		m[h] = -INFINITY;
+		l[h] = 0.0f;
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			acc[h][e] = 0.0f;
+	}
+	if (j0 < j1)
+	{
+		int			b0 = j0 / G4_KV_BLOCK_TOKENS,
+					b1 = (j1 - 1) / G4_KV_BLOCK_TOKENS;
+
+		/* stage pool block b into buffer b & 1 (one cp.async group) */
+		auto		stage = [&] (int b)
+		{
+			const uint8_t *hb = kv_head_block(a, slot, b * G4_KV_BLOCK_TOKENS, g);
+			uint8_t    *dst = blk + (size_t) (b & 1) * hbb;
+
+			if (threadIdx.x == 0)
+			{
+				blk_ok[b & 1] = hb != NULL;
+				if (!hb)
+					atomicOr(a.status, G4C_STATUS_KV_MISSING);
+			}
+			if (hb)
+				for (int i = threadIdx.x; i < hbb / 16; i += blockDim.x)
+					g4c_cp_async16(dst + i * 16, hb + i * 16, true);
+			g4c_cp_async_commit();
+		};
+
+		stage(b0);
+		for (int b = b0; b <= b1; b++)
+		{
+			const uint8_t *hb = blk + (size_t) (b & 1) * hbb;
+
+			if (b < b1)
+			{
+				stage(b + 1);
+				g4c_cp_async_wait<1>();
+			}
+			else
+				g4c_cp_async_wait<0>();
+			__syncthreads();
+			/* keys of this block: warp w takes offsets w, w + 4, w + 8, w + 12 */
+			if (blk_ok[b & 1])
+			{
+				float		key[U][E],
+							val[U][E];
+				bool		have[U];
+
+#pragma unroll
+				for (int u = 0; u < U; u++)
+				{
+					int			off = warp + u * SIMT_WARPS;
+					int			jj = b * G4_KV_BLOCK_TOKENS + off;
+
+					have[u] = jj >= j0 && jj < j1;
+					if (have[u] && dl)
+					{
+						decode_elems<DT, E>(hb, off, HD, d0, true, a.k_eq_v, key[u]);
+						if (!a.k_eq_v)
+							decode_elems<DT, E>(hb, off, HD, d0, false, false, val[u]);
+					}
+					else
+					{
+#pragma unroll
+						for (int e = 0; e < E; e++)
+							key[u][e] = val[u][e] = 0.0f;
+					}
+				}
+#pragma unroll
+				for (int u = 0; u < U; u++)
+				{
+					int			jj = b * G4_KV_BLOCK_TOKENS + warp + u * SIMT_WARPS;
+
+					if (!have[u])
+						continue;	/* warp-uniform */
+					if (a.k_eq_v)
+					{
+						/* k = RoPE(v * k_norm); RoPE pairs (i, i + HD/2) sit
+						 * LANES/2 lanes apart */
+						bool		upper = lane >= LANES / 2;
+
+#pragma unroll
+						for (int e = 0; e < E; e++)
+						{
+							val[u][e] = key[u][e];
+							key[u][e] = dl ? __fmul_rn(key[u][e], a.knorm[d0 + e]) : 0.0f;
+						}
+#pragma unroll
+						for (int e = 0; e < E; e++)
+						{
+							float		other = __shfl_xor_sync(0xffffffffu, key[u][e], LANES / 2);
+							int			i = (upper ? d0 - HD / 2 : d0) + e;
+
+							if (dl && a.inv_freq[i] != 0.0f)
+							{
+								float		sn,
+											co;
+
+								sincosf(__fmul_rn((float) jj, a.inv_freq[i]), &sn, &co);
+								key[u][e] = upper ? __fadd_rn(__fmul_rn(key[u][e], co), __fmul_rn(other, sn))
+									: __fsub_rn(__fmul_rn(key[u][e], co), __fmul_rn(other, sn));
+							}
+						}
+					}
+#pragma unroll
+					for (int h = 0; h < GQMAX; h++)
+					{
+						float		sc = 0.0f,
+									p;
+
+						if (h >= gq)
+							break;
+						if (dl)
+						{
+#pragma unroll
+							for (int e = 0; e < E; e++)
+								sc = fmaf(qs[h * HD + d0 + e], key[u][e], sc);
+						}
+						sc = g4c_warp_sum(sc) * a.scale;
+						if (sc > m[h])
+						{
+							float		corr = expf(m[h] - sc);
+
+#pragma unroll
+							for (int e = 0; e < E; e++)
+								acc[h][e] *= corr;
+							l[h] *= corr;
+							m[h] = sc;
+						}
+						p = expf(sc - m[h]);
+						l[h] += p;
+#pragma unroll
+						for (int e = 0; e < E; e++)
+							acc[h][e] = fmaf(p, val[u][e], acc[h][e]);
+					}
+				}
+			}
+			__syncthreads();	/* the buffer is refilled two blocks on */
+		}
+	}
+
+	/* the four warps' states, merged into warp 0's slot */
+#pragma unroll
+	for (int h = 0; h < GQMAX; h++)
+	{
+		float	   *dst;
+
+		if (h >= gq)
+			break;
+		dst = ms + ((size_t) warp * gq + h) * (HD + 2);
+		if (lane == 0)
+		{
+			dst[0] = m[h];
+			dst[1] = l[h];
+		}
+		if (dl)
+		{
+#pragma unroll
+			for (int e = 0; e < E; e++)
+				dst[2 + d0 + e] = acc[h][e];
+		}
+	}
+	__syncthreads();
+	for (int q = threadIdx.x; q < gq * HD; q += blockDim.x)
+	{
+		int			h = q / HD,
+					d = q % HD;
+		float		mm = -INFINITY,
+					ll = 0.0f,
+					aa = 0.0f;
+
+		for (int w = 0; w < SIMT_WARPS; w++)
+			mm = fmaxf(mm, ms[((size_t) w * gq + h) * (HD + 2)]);
+		for (int w = 0; w < SIMT_WARPS; w++)
+		{
+			const float *src = ms + ((size_t) w * gq + h) * (HD + 2);
+			float		wt;
+
+			if (src[0] == -INFINITY)
+				continue;
+			wt = expf(src[0] - mm);
+			ll += src[1] * wt;
+			aa += src[2 + d] * wt;
+		}
+		/* qs is free now: it receives this block's normalised rows */
+		if (a.S == 1)
+			qs[q] = aa * (ll > 0.0f ? 1.0f / ll : 0.0f);
+		else
+		{
+			float	   *pp = a.partial + (((size_t) blockIdx.x * a.S + split) * gq + h) * (HD + 2);
+
+			if (d == 0)
+			{
+				pp[0] = mm;
+				pp[1] = ll;
+			}
+			pp[2 + d] = aa;
+		}
+	}
+	if (a.S > 1)
+		return;					/* attn_merge_kernel finishes */
+	__syncthreads();
+	if (a.rotated)
+		hadamard_rows_smem(qs, gq, HD, HD);
+	for (int q = threadIdx.x; q < gq * HD; q += blockDim.x)
+		a.out[(size_t) t * a.out_stride + (size_t) g * gq * HD + q] = qs[q];
+}
+
+/* ==== tc ========================================================================= */
+
+/* Byte offset of element (row, d) of a 16-bit [rows][HD] tile whose 16-byte
+ * chunks are XOR-swizzled by row (conflict-free ldmatrix). */
+template <int HD>
+__device__ __forceinline__ int
+swz(int row, int d)
+{
+	return row * HD * 2 + ((((d >> 3) ^ (row & 7))) << 4) + ((d & 7) << 1);
+}
+
+/* sin and cos of a float32 angle: Cody-Waite reduction by 2π then the fast
+ * intrinsic (|error| ~ 1e-6, below the f16 rounding of the keys) */
+__device__ __forceinline__ void
+sincos_reduced(float angle, float *s, float *c)
+{
+	float		k = rintf(angle * 0.15915494309189535f);
+	float		r = fmaf(-k, 6.28318548202514648f, angle);
+
+	r = fmaf(k, 1.7484555314695172e-7f, r);
+	__sincosf(r, s, c);
+}
+
+template <int HD, int DT, bool KEQV, int RG>
+struct tc_geom
+{
+	static constexpr int NTH = 128 * RG;
+	static constexpr int R = 16 * RG;	/* query rows */
+	static constexpr int DW = HD / 4;	/* head dims per warp */
+	static constexpr int TPK = NTH / 16;	/* threads per key when decoding a block */
+	/* a piece is 8 consecutive dims (k_eq_v: 8 dims of each half) */
+	static constexpr int PIECES = KEQV ? HD / 16 : HD / 8;
+	static constexpr int PPT = PIECES / TPK;
+	static constexpr int EB = DT == G4_KV_F32 ? 4 : DT == G4_KV_BF16 ? 2 : 1;	/* key bytes per element */
+	static constexpr int Q_BYTES = R * HD * 2;
+	static constexpr int KV_BYTES = 2 * 16 * HD * 2;
+	static constexpr int SX_BYTES = RG * 4 * 256 * 4;
+	/* rotated (turboquant, not k_eq_v) queries and outputs pass through
+	 * float rows placed after Qs, over Ks / Vs */
+	static constexpr bool ROT = DT == G4_KV_TURBOQUANT_K8V4 && !KEQV;
+	static constexpr int STAGE_BYTES = ROT ? R * HD * 4 : 0;
+	static constexpr int MAIN_BYTES = Q_BYTES + (KV_BYTES > STAGE_BYTES ? KV_BYTES : STAGE_BYTES);
+	static constexpr int SMEM = MAIN_BYTES + SX_BYTES + (HD + HD / 2) * 4 + R * 8;
+};
+
+/* Raw bytes of one thread's pieces of one pool block. */
+template <int HD, int DT, bool KEQV, int RG>
+struct tc_raw
+{
+	using G = tc_geom<HD, DT, KEQV, RG>;
+	uint8_t		k[G::PPT][8 * G::EB * (KEQV ? 2 : 1)];	/* KEQV: lower then upper half */
+	uint8_t		v[KEQV ? 1 : G::PPT][KEQV ? 1 : (DT == G4_KV_TURBOQUANT_K8V4 ? 4 : 8 * G::EB)];
+	float		ks;				/* turboquant key scale */
+	float		vs[G::PPT];		/* turboquant value scale per piece */
+	bool		ok;
+};
+
+template <int HD, int DT, bool KEQV, int RG>
+__device__ __forceinline__ void
+tc_load_raw(const attn_args &a, int slot, int g, int b, tc_raw<HD, DT, KEQV, RG> &raw)
+{
+	using G = tc_geom<HD, DT, KEQV, RG>;
+	int			j = threadIdx.x / G::TPK;
+	int			c = threadIdx.x % G::TPK;
+	const uint8_t *hb = kv_head_block(a, slot, b * G4_KV_BLOCK_TOKENS, g);
+
+	raw.ok = hb != NULL;
+	if (!hb)
+		return;
+	if (DT == G4_KV_TURBOQUANT_K8V4)
+		raw.ks = g4c_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_kscale_off(HD) + 2 * j));
+#pragma unroll
+	for (int i = 0; i < G::PPT; i++)
+	{
+		int			d = 8 * (c + G::TPK * i);	/* first dim of the piece */
+		const uint8_t *krow = hb + (size_t) j * HD * G::EB;
+
+		load_bytes<8 * G::EB>(krow + (size_t) d * G::EB, raw.k[i]);
+		if (KEQV)
+			load_bytes<8 * G::EB>(krow + (size_t) (d + HD / 2) * G::EB, raw.k[i] + 8 * G::EB);
+		else if (DT == G4_KV_TURBOQUANT_K8V4)
+		{
+			const int	GR = HD < G4_KV_V4_GROUP_MAX ? HD : G4_KV_V4_GROUP_MAX;
+
+			load_bytes<4>(hb + g4c_tq_v_off(HD) + (size_t) j * (HD / 2) + d / 2, raw.v[i]);
+			raw.vs[i] = g4c_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_vscale_off(HD) + (size_t) j * (HD / GR) * 2 + (size_t) (d / GR) * 2));
+		}
+		else
+			load_bytes<8 * G::EB>(hb + (size_t) (G4_KV_BLOCK_TOKENS + j) * HD * G::EB + (size_t) d * G::EB, raw.v[KEQV ? 0 : i]);
+	}
+}
+
+template <int DT, int EB>
+__device__ __forceinline__ float
+raw_elem(const uint8_t *p, int e, float s)
+{
+	if (DT == G4_KV_F32)
+		return reinterpret_cast<const float *>(p)[e];
+	if (DT == G4_KV_BF16)
+		return g4c_bf16_to_f32(reinterpret_cast<const uint16_t *>(p)[e]);
+	return (float) reinterpret_cast<const int8_t *>(p)[e] * s;
+}
+
+/* Decode the raw pieces into Ks / Vs (f16, swizzled).  Positions outside
+ * the block's key range [ks, ke) may hold anything (never written, or left
+ * by a finished sequence): they become zeros, since a masked probability of
+ * 0 times a NaN value would still be NaN. */
+template <int HD, int DT, bool KEQV, int RG>
+__device__ __forceinline__ void
+tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, KEQV, RG> &raw, unsigned char *Ks,
+			   unsigned char *Vs, const float *knorm_s, const float *invf_s)
+{
+	using G = tc_geom<HD, DT, KEQV, RG>;
+	int			j = threadIdx.x / G::TPK;
+	int			c = threadIdx.x % G::TPK;
+	int			p = b * G4_KV_BLOCK_TOKENS + j;
+	bool		live = raw.ok && p >= ks && p < ke;
+
+#pragma unroll
+	for (int i = 0; i < G::PPT; i++)
+	{
+		int			d = 8 * (c + G::TPK * i);
+		float		kx[8],
+					vx[8];
+
+		if (!live)
+		{
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				kx[e] = vx[e] = 0.0f;
+		}
+		if (KEQV)
+		{
+			float		ky[8],
+						vy[8];
+
+			if (live)
+			{
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+				{
+					float		lo = raw_elem<DT, G::EB>(raw.k[i], e, raw.ks);
+					float		hi = raw_elem<DT, G::EB>(raw.k[i] + 8 * G::EB, e, raw.ks);
+					float		kl = lo * knorm_s[d + e];
+					float		kh = hi * knorm_s[d + e + HD / 2];
+					float		f = invf_s[d + e];
+
+					vx[e] = lo;
+					vy[e] = hi;
+					if (f != 0.0f)
+					{
+						float		s,
+									co;
+
+						sincos_reduced(__fmul_rn((float) p, f), &s, &co);
+						kx[e] = kl * co - kh * s;
+						ky[e] = kh * co + kl * s;
+					}
+					else
+					{
+						kx[e] = kl;
+						ky[e] = kh;
+					}
+				}
+			}
+			else
+			{
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+					ky[e] = vy[e] = 0.0f;
+			}
+			*reinterpret_cast<uint4 *>(Ks + swz<HD>(j, d + HD / 2)) =
+				make_uint4(g4c_pack_f16(ky[0], ky[1]), g4c_pack_f16(ky[2], ky[3]), g4c_pack_f16(ky[4], ky[5]), g4c_pack_f16(ky[6], ky[7]));
+			*reinterpret_cast<uint4 *>(Vs + swz<HD>(j, d + HD / 2)) =
+				make_uint4(g4c_pack_f16(vy[0], vy[1]), g4c_pack_f16(vy[2], vy[3]), g4c_pack_f16(vy[4], vy[5]), g4c_pack_f16(vy[6], vy[7]));
+		}
+		else if (live)
+		{
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+			{
+				kx[e] = raw_elem<DT, G::EB>(raw.k[i], e, raw.ks);
+				if (DT == G4_KV_TURBOQUANT_K8V4)
+				{
+					int			byte = raw.v[i][e >> 1];
+
+					vx[e] = (float) (((byte >> (4 * (e & 1))) & 15) - 8) * raw.vs[i];
+				}
+				else
+					vx[e] = raw_elem<DT, G::EB>(raw.v[i], e, 0.0f);
+			}
+		}
+		*reinterpret_cast<uint4 *>(Ks + swz<HD>(j, d)) =
+			make_uint4(g4c_pack_f16(kx[0], kx[1]), g4c_pack_f16(kx[2], kx[3]), g4c_pack_f16(kx[4], kx[5]), g4c_pack_f16(kx[6], kx[7]));
+		*reinterpret_cast<uint4 *>(Vs + swz<HD>(j, d)) =
+			make_uint4(g4c_pack_f16(vx[0], vx[1]), g4c_pack_f16(vx[2], vx[3]), g4c_pack_f16(vx[4], vx[5]), g4c_pack_f16(vx[6], vx[7]));
+	}
+}
+
+template <int HD, int DT, bool KEQV, int RG>
+__global__ void __launch_bounds__(128 * RG)
+attn_tc_kernel(attn_args a)
+{
+	using G = tc_geom<HD, DT, KEQV, RG>;
+	constexpr int NT_O = G::DW / 8;	/* output n8 tiles per warp */
+	extern __shared__ __align__(16) unsigned char sm_raw[];
+	unsigned char *sm = sm_raw;
+	__shared__ int kr[2];
+	unsigned char *Qs = sm;
+	unsigned char *Ks = sm + G::Q_BYTES;
+	unsigned char *Vs = Ks + 16 * HD * 2;
+	float	   *Sx = reinterpret_cast<float *>(sm + G::MAIN_BYTES);
+	float	   *knorm_s = Sx + RG * 4 * 256;
+	float	   *invf_s = knorm_s + HD;
+	int		   *rlo = reinterpret_cast<int *>(invf_s + HD / 2);
+	int		   *rhi = rlo + G::R;
+	int			tile = blockIdx.x / a.n_kv;
+	int			g = blockIdx.x % a.n_kv;
+	int			split = blockIdx.y;
+	int			t0 = a.tiles[tile];
+	int			ntok = a.tiles[tile + 1] - t0;
+	int			slot = a.slot[t0];
+	int			lane = threadIdx.x & 31;
+	int			warp = threadIdx.x >> 5;
+	int			rg = warp >> 2,
+				dw = warp & 3;
+	int			gr = lane >> 2,
+				tq = lane & 3;
+	int			ks,
+				ke;
+	float		o[NT_O][4];
+	float		mrow[2] = {-INFINITY, -INFINITY},
+				lrow[2] = {0.0f, 0.0f};
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	/* rows: token t0 + r / gq, query head g·gq + r % gq */
+	if (threadIdx.x == 0)
+	{
+		kr[0] = INT32_MAX;
+		kr[1] = INT32_MIN;
+	}
+	__syncthreads();
+	for (int r = threadIdx.x; r < G::R; r += blockDim.x)
+	{
+		int			tt = r / a.gq;
+		int			lo = 0,
+					hi = 0;
+
+		if (tt < ntok)
+		{
+			lo = a.lo[t0 + tt];
+			hi = a.hi[t0 + tt];
+			if (hi > lo)
+			{
+				atomicMin(&kr[0], lo);
+				atomicMax(&kr[1], hi);
+			}
+		}
+		rlo[r] = lo;
+		rhi[r] = hi;
+	}
+	if (KEQV)
+	{
+		for (int i = threadIdx.x; i < HD; i += blockDim.x)
+			knorm_s[i] = a.knorm[i];
+		for (int i = threadIdx.x; i < HD / 2; i += blockDim.x)
+			invf_s[i] = a.inv_freq[i];
+	}
+	/* queries as f16 (rotated first for turboquant) */
+	if (G::ROT)
+	{
+		float	   *stage = reinterpret_cast<float *>(sm + G::Q_BYTES);
+
+		for (int q = threadIdx.x; q < G::R * HD; q += blockDim.x)
+		{
+			int			r = q / HD,
+						d = q % HD;
+			int			tt = r / a.gq;
+
+			stage[q] = tt < ntok ? a.q[(size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD + d] : 0.0f;
+		}
+		__syncthreads();
+		hadamard_rows_smem(stage, G::R, HD, HD);
+		for (int q = threadIdx.x; q < G::R * HD / 2; q += blockDim.x)
+		{
+			int			r = q / (HD / 2),
+						d = 2 * (q % (HD / 2));
+
+			*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, d)) = g4c_pack_f16(stage[r * HD + d], stage[r * HD + d + 1]);
+		}
+	}
+	else
+	{
+		for (int q = threadIdx.x; q < G::R * HD / 2; q += blockDim.x)
+		{
+			int			r = q / (HD / 2),
+						d = 2 * (q % (HD / 2));
+			int			tt = r / a.gq;
+			float2		v = make_float2(0.0f, 0.0f);
+
+			if (tt < ntok)
+				v = *reinterpret_cast<const float2 *>(a.q + (size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD + d);
+			*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, d)) = g4c_pack_f16(v.x, v.y);
+		}
+	}
+	__syncthreads();
+	{
+		int			kmin = kr[0],
+					kmax = kr[1];
+		int			span = kmax > kmin ? kmax - kmin : 0;
+		int			chunk = (span + a.S - 1) / a.S;
+
+		chunk = (chunk + 15) & ~15;
+		ks = kmin + split * chunk;
+		ke = min(kmax, ks + chunk);
+	}
+#pragma unroll
+	for (int i = 0; i < NT_O; i++)
+		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+	if (ks < ke)
+	{
+		int			b0 = ks / G4_KV_BLOCK_TOKENS;
+		int			b1 = (ke - 1) / G4_KV_BLOCK_TOKENS;
+		int			lo0 = rlo[16 * rg + gr],
+					hi0 = rhi[16 * rg + gr];
+		int			lo1 = rlo[16 * rg + gr + 8],
+					hi1 = rhi[16 * rg + gr + 8];
+		tc_raw<HD, DT, KEQV, RG> raw;
+
+		lo0 = max(lo0, ks);
+		lo1 = max(lo1, ks);
+		hi0 = min(hi0, ke);
+		hi1 = min(hi1, ke);
+		tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b0, raw);
+		for (int b = b0; b <= b1; b++)
+		{
+			float		sacc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+
+			tc_store_block<HD, DT, KEQV, RG>(a, b, ks, ke, raw, Ks, Vs, knorm_s, invf_s);
+			if (!raw.ok && threadIdx.x == 0)
+				atomicOr(a.status, G4C_STATUS_KV_MISSING);
+			__syncthreads();
+			/* the next block's bytes travel while this one is used */
+			if (b < b1)
+				tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b + 1, raw);
+
+			/* partial q·k over this warp's quarter of the head */
+#pragma unroll
+			for (int s = 0; s < G::DW / 16; s++)
+			{
+				uint32_t	af[4],
+							bf[4];
+				int			d = dw * G::DW + 16 * s;
+
+				g4c_ldmatrix_x4(af, Qs + swz<HD>(16 * rg + (lane & 15), d + 8 * (lane >> 4)));
+				g4c_ldmatrix_x4(bf, Ks + swz<HD>((lane & 7) + ((lane >> 4) << 3), d + 8 * ((lane >> 3) & 1)));
+				g4c_mma_f16(sacc[0], af, bf[0], bf[1]);
+				g4c_mma_f16(sacc[1], af, bf[2], bf[3]);
+			}
+			{
+				float	   *mine = Sx + (rg * 4 + dw) * 256;
+
+#pragma unroll
+				for (int nt = 0; nt < 2; nt++)
+				{
+					*reinterpret_cast<float2 *>(mine + gr * 16 + nt * 8 + 2 * tq) = make_float2(sacc[nt][0], sacc[nt][1]);
+					*reinterpret_cast<float2 *>(mine + (gr + 8) * 16 + nt * 8 + 2 * tq) = make_float2(sacc[nt][2], sacc[nt][3]);
+				}
+			}
+			__syncthreads();
+			{
+				float		sc[2][4];
+				float		rmax[2],
+							rsum[2],
+							corr[2];
+				uint32_t	pf[4];
+
+#pragma unroll
+				for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+					{
+						int			row = gr + 8 * (e >> 1);
+						int			col = nt * 8 + 2 * tq + (e & 1);
+						int			kp = b * G4_KV_BLOCK_TOKENS + col;
+						float		s = 0.0f;
+
+#pragma unroll
+						for (int w = 0; w < 4; w++)
+							s += Sx[(rg * 4 + w) * 256 + row * 16 + col];
+						s *= a.scale;
+						if (e < 2 ? (kp < lo0 || kp >= hi0) : (kp < lo1 || kp >= hi1))
+							s = -INFINITY;
+						sc[nt][e] = s;
+					}
+#pragma unroll
+				for (int h = 0; h < 2; h++)
+				{
+					float		mx = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]), fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
+					float		mnew;
+
+					mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+					mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+					mnew = fmaxf(mrow[h], mx);
+					rmax[h] = mnew;
+					corr[h] = mnew == -INFINITY ? 1.0f : __expf(mrow[h] - mnew);
+					mrow[h] = mnew;
+				}
+#pragma unroll
+				for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+					{
+						float		mm = rmax[e >> 1];
+
+						sc[nt][e] = mm == -INFINITY ? 0.0f : __expf(sc[nt][e] - mm);
+					}
+#pragma unroll
+				for (int h = 0; h < 2; h++)
+				{
+					float		s = sc[0][2 * h] + sc[0][2 * h + 1] + sc[1][2 * h] + sc[1][2 * h + 1];
+
+					s += __shfl_xor_sync(0xffffffffu, s, 1);
+					s += __shfl_xor_sync(0xffffffffu, s, 2);
+					rsum[h] = s;
+					lrow[h] = lrow[h] * corr[h] + rsum[h];
+				}
+#pragma unroll
+				for (int i = 0; i < NT_O; i++)
+				{
+					o[i][0] *= corr[0];
+					o[i][1] *= corr[0];
+					o[i][2] *= corr[1];
+					o[i][3] *= corr[1];
+				}
+				pf[0] = g4c_pack_f16(sc[0][0], sc[0][1]);
+				pf[1] = g4c_pack_f16(sc[0][2], sc[0][3]);
+				pf[2] = g4c_pack_f16(sc[1][0], sc[1][1]);
+				pf[3] = g4c_pack_f16(sc[1][2], sc[1][3]);
+#pragma unroll
+				for (int i = 0; i < NT_O; i += 2)
+				{
+					uint32_t	vf[4];
+					int			d = dw * G::DW + 8 * i;
+
+					g4c_ldmatrix_x4_trans(vf, Vs + swz<HD>((lane & 7) + (((lane >> 3) & 1) << 3), d + 8 * (lane >> 4)));
+					g4c_mma_f16(o[i], pf, vf[0], vf[1]);
+					g4c_mma_f16(o[i + 1], pf, vf[2], vf[3]);
+				}
+			}
+			__syncthreads();
+		}
+	}
+
+	/* epilogue: rows 16rg + gr (+8), dims dw·DW + 8i + 2tq (+1) */
+	{
+		row_map		map = {a.out, a.out_stride, t0, ntok, a.gq, g, HD};
+		float	   *st = reinterpret_cast<float *>(sm + G::Q_BYTES);
+
+		if (a.S > 1)
+		{
+			float	   *part = a.partial + ((size_t) blockIdx.x * a.S + split) * G::R * (HD + 2);
+
+#pragma unroll
+			for (int h = 0; h < 2; h++)
+			{
+				int			r = 16 * rg + gr + 8 * h;
+
+				if (dw == 0 && tq == 0)
+				{
+					part[(size_t) r * (HD + 2)] = mrow[h];
+					part[(size_t) r * (HD + 2) + 1] = lrow[h];
+				}
+#pragma unroll
+				for (int i = 0; i < NT_O; i++)
+					*reinterpret_cast<float2 *>(part + (size_t) r * (HD + 2) + 2 + dw * G::DW + 8 * i + 2 * tq) =
+						make_float2(o[i][2 * h], o[i][2 * h + 1]);
+			}
+			return;				/* attn_merge_kernel finishes */
+		}
+		else
+		{
+#pragma unroll
+			for (int h = 0; h < 2; h++)
+			{
+				int			r = 16 * rg + gr + 8 * h;
+				float		inv = lrow[h] > 0.0f ? 1.0f / lrow[h] : 0.0f;
+				float	   *dst = G::ROT ? st + (size_t) r * HD : map.row(r);
+
+				if (!dst)
+					continue;
+#pragma unroll
+				for (int i = 0; i < NT_O; i++)
+					*reinterpret_cast<float2 *>(dst + dw * G::DW + 8 * i + 2 * tq) =
+						make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+			}
+			if (!G::ROT)
+				return;
+			__syncthreads();
+		}
+		/* turboquant values were rotated: undo once per row */
+		hadamard_rows_smem(st, G::R, HD, HD);
+		for (int q = threadIdx.x; q < G::R * HD; q += blockDim.x)
+		{
+			float	   *dst = map.row(q / HD);
+
+			if (dst)
+				dst[q % HD] = st[q];
+		}
+	}
+}
+
+/* ==== merge ====================================================================== */
+
+/* One block per (group, row, chunk of 128 head dims): group = the attention
+ * kernel's blockIdx.x (tile or token, times KV heads), row = a query row of
+ * it; rotated rows take one block for the whole row (the inverse Hadamard
+ * transform mixes every dim). */
+__global__ void __launch_bounds__(128)
+attn_merge_kernel(attn_args a, int rows, int chunks)
+{
+	extern __shared__ __align__(16) unsigned char sm_raw[];
+	float	   *w = reinterpret_cast<float *>(sm_raw);	/* [S] weights */
+	float	   *o = w + a.S;		/* [hd] */
+	__shared__ float red[32];
+	int			group = blockIdx.x / (rows * chunks);
+	int			r = (blockIdx.x / chunks) % rows;
+	int			d_lo = (blockIdx.x % chunks) * (a.hd / chunks);
+	int			d_hi = d_lo + a.hd / chunks;
+	int			g = group % a.n_kv;
+	int			t0,
+				ntok;
+	const float *part = a.partial + (size_t) group * a.S * rows * (a.hd + 2);
+	float		m = -INFINITY,
+				l = 0.0f;
+	float	   *dst;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	if (a.tiles)
+	{
+		int			tile = group / a.n_kv;
+
+		t0 = a.tiles[tile];
+		ntok = a.tiles[tile + 1] - t0;
+	}
+	else
+	{
+		t0 = group / a.n_kv;
+		ntok = 1;
+	}
+	if (r / a.gq >= ntok)
+		return;
+	dst = a.out + (size_t) (t0 + r / a.gq) * a.out_stride + (size_t) (g * a.gq + r % a.gq) * a.hd;
+	for (int s = threadIdx.x; s < a.S; s += blockDim.x)
+		m = fmaxf(m, __ldcg(part + ((size_t) s * rows + r) * (a.hd + 2)));
+	m = g4c_block_max(m, red);
+	for (int s = threadIdx.x; s < a.S; s += blockDim.x)
+	{
+		const float *ph = part + ((size_t) s * rows + r) * (a.hd + 2);
+		float		ms = __ldcg(ph);
+		float		ws = ms == -INFINITY ? 0.0f : expf(ms - m);
+
+		w[s] = ws;
+		l += ws == 0.0f ? 0.0f : __ldcg(ph + 1) * ws;
+	}
+	l = g4c_block_sum(l, red);
+	__syncthreads();
+	for (int d = d_lo + threadIdx.x; d < d_hi; d += blockDim.x)
+	{
+		const float *pd = part + (size_t) r * (a.hd + 2) + 2 + d;
+		size_t		step = (size_t) rows * (a.hd + 2);
+		float		acc = 0.0f;
+		int			s = 0;
+
+		/* eight independent loads in flight (empty splits hold zeros) */
+		for (; s + 8 <= a.S; s += 8)
+		{
+			float		v[8];
+
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				v[k] = __ldcg(pd + (size_t) (s + k) * step);
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				acc = fmaf(v[k], w[s + k], acc);
+		}
+		for (; s < a.S; s++)
+			acc = fmaf(__ldcg(pd + (size_t) s * step), w[s], acc);
+		o[d] = acc * (l > 0.0f ? 1.0f / l : 0.0f);
+	}
+	__syncthreads();
+	if (a.rotated)
+		hadamard_rows_smem(o, 1, a.hd, a.hd);
+	for (int d = d_lo + threadIdx.x; d < d_hi; d += blockDim.x)
+		dst[d] = o[d];
+}
+
+/* ==== dispatch ===================================================================== */
+
+typedef void (*attn_kernel_fn) (attn_args);
+
+template <int HD>
+static attn_kernel_fn
+simt_kernel_for(int dtype)
+{
+	switch (dtype)
+	{
+		case G4_KV_F32:
+			return attn_simt_kernel<HD, G4_KV_F32>;
+		case G4_KV_BF16:
+			return attn_simt_kernel<HD, G4_KV_BF16>;
+		default:
+			return attn_simt_kernel<HD, G4_KV_TURBOQUANT_K8V4>;
+	}
+}
+
+static attn_kernel_fn
+simt_kernel(int hd, int dtype, int *gqmax)
+{
+	switch (hd)
+	{
+		case 16:
+			*gqmax = simt_geom<16>::GQMAX;
+			return simt_kernel_for<16>(dtype);
+		case 32:
+			*gqmax = simt_geom<32>::GQMAX;
+			return simt_kernel_for<32>(dtype);
+		case 64:
+			*gqmax = simt_geom<64>::GQMAX;
+			return simt_kernel_for<64>(dtype);
+		case 128:
+			*gqmax = simt_geom<128>::GQMAX;
+			return simt_kernel_for<128>(dtype);
+		case 256:
+			*gqmax = simt_geom<256>::GQMAX;
+			return simt_kernel_for<256>(dtype);
+		case 512:
+			*gqmax = simt_geom<512>::GQMAX;
+			return simt_kernel_for<512>(dtype);
+	}
+	*gqmax = 0;
+	return NULL;
+}
+
+template <int HD, bool KEQV, int RG>
+static attn_kernel_fn
+tc_kernel_for(int dtype, int *smem)
+{
+	switch (dtype)
+	{
+		case G4_KV_F32:
+			*smem = tc_geom<HD, G4_KV_F32, KEQV, RG>::SMEM;
+			return attn_tc_kernel<HD, G4_KV_F32, KEQV, RG>;
+		case G4_KV_BF16:
+			*smem = tc_geom<HD, G4_KV_BF16, KEQV, RG>::SMEM;
+			return attn_tc_kernel<HD, G4_KV_BF16, KEQV, RG>;
+		default:
+			*smem = tc_geom<HD, G4_KV_TURBOQUANT_K8V4, KEQV, RG>::SMEM;
+			return attn_tc_kernel<HD, G4_KV_TURBOQUANT_K8V4, KEQV, RG>;
+	}
+}
+
+/* The tensor-core kernel for this geometry, or NULL: head_dim 256 without
+ * k_eq_v, 512 with it (the Gemma 4 layers). */
+static attn_kernel_fn
+tc_kernel(int hd, int k_eq_v, int dtype, int rg, int *smem)
+{
+	if (hd == 256 && !k_eq_v)
+		return rg == 1 ? tc_kernel_for<256, false, 1>(dtype, smem) : tc_kernel_for<256, false, 4>(dtype, smem);
+	if (hd == 512 && k_eq_v)
+		return rg == 1 ? tc_kernel_for<512, true, 1>(dtype, smem) : tc_kernel_for<512, true, 4>(dtype, smem);
+	return NULL;
+}
+
+/* Raise a kernel's dynamic shared-memory limit once per process. */
+static int
+allow_smem(g4_cuda *c, attn_kernel_fn fn, int bytes)
+{
+	static attn_kernel_fn done[32];
+	static int	n_done;
+	int			i;
+
+	if (bytes <= 48 * 1024)
+		return G4_OK;
+	for (i = 0; i < n_done; i++)
+		if (done[i] == fn)
+			return G4_OK;
+	G4C_CHECK(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+	if (n_done < 32)
+		done[n_done++] = fn;
+	return G4_OK;
+}
+
+static int
+log2i(int v)
+{
+	int			l = 0;
+
+	while ((1 << l) < v)
+		l++;
+	return l;
+}
+
+/* Splits of a range of `span` keys for `base` blocks of work: about
+ * `per_sm` blocks per SM (latency hiding), at least 32 keys each and at most
+ * 1024 splits. */
+static int
+choose_splits(const g4_cuda *c, int base, int span, int per_sm)
+{
+	int			want = (per_sm * c->sm_count + base - 1) / base;
+	int			most = (span + ATTN_SPLIT_MIN_KEYS - 1) / ATTN_SPLIT_MIN_KEYS;
+
+	if (want > most)
+		want = most;
+	if (want > 1024)
+		want = 1024;
+	return want < 1 ? 1 : want;
+}
+
+int
+g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride, int n, float *out)
+{
+	g4_cuda    *c = g4c_of(be);
+	const g4_kv_pool_desc *kv = &c->kv;
+	attn_args	a;
+	int			hd = L->head_dim;
+	int			gq;
+	int			gqmax;
+	attn_kernel_fn simt;
+	attn_kernel_fn tc = NULL;
+	int			rg = 1;
+	int			tc_smem = 0;
+	int			span = c->span_bucket[L->group];
+	bool		use_tc;
+
+	if (!c->kv_configured || L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads != 0)
+		return G4_ERR_INTERNAL;
+	if (n <= 0)
+		return G4_OK;
+	if (kv->dtype == G4_KV_TURBOQUANT_K8V4 && (hd & (hd - 1)) != 0)
+		return G4_ERR_UNSUPPORTED;
+	gq = L->n_heads / L->n_kv_heads;
+	simt = simt_kernel(hd, kv->dtype, &gqmax);
+	/* 64-row tiles only when the step's tiles are mostly full (prefill), not
+	 * for many sequences of one token each (decode) */
+	if (gq <= 16 && 16 % gq == 0 && 2 * n >= c->n_tiles[log2i(64 / gq)] * (64 / gq) && n >= 64)
+		rg = 4;
+	if (gq <= 16 && 16 % gq == 0)
+		tc = tc_kernel(hd, L->k_eq_v, kv->dtype, rg, &tc_smem);
+	use_tc = tc && (gq >= 8 || rg == 4 || !simt || gq > gqmax);
+	if (!use_tc && (!simt || gq > gqmax))
+		return G4_ERR_UNSUPPORTED;
+
+	a.dtype = kv->dtype;
+	a.k_eq_v = L->k_eq_v;
+	a.rotated = kv->dtype == G4_KV_TURBOQUANT_K8V4 && !L->k_eq_v;
+	a.hd = hd;
+	a.n_kv = L->n_kv_heads;
+	a.gq = gq;
+	a.scale = L->scale;
+	a.knorm = L->k_norm_w;
+	a.inv_freq = L->inv_freq;
+	a.layer_base = kv->base[L->group] + (size_t) L->index * kv->layer_stride[L->group];
+	a.layer_block_bytes = kv->layer_block_bytes[L->group];
+	a.head_block_bytes = g4_kv_head_block_bytes(kv->dtype, hd, L->k_eq_v);
+	a.table = kv->block_tables[L->group];
+	a.max_blocks = kv->max_blocks_per_seq;
+	a.q = q;
+	a.q_stride = q_stride;
+	a.out = out;
+	a.out_stride = L->n_heads * hd;
+	a.slot = c->d_slot;
+	a.lo = c->d_lo[L->group];
+	a.hi = c->d_hi[L->group];
+	a.status = c->d_status;
+	a.partial = NULL;
+	{
+		int			rows = use_tc ? 16 * rg : gq;
+		int			level = log2i(16 * rg / gq);
+		int			groups = (use_tc ? c->n_tiles[level] : n) * a.n_kv;
+		attn_kernel_fn fn = use_tc ? tc : simt;
+		int			smem = use_tc ? tc_smem :
+			(((gq * hd + SIMT_WARPS * gq * (hd + 2)) * (int) sizeof(float) + 15) / 16 * 16 + 2 * (int) a.head_block_bytes);
+
+		a.tiles = use_tc ? c->d_tiles[level] : NULL;
+		/* resident blocks per SM: 8 small float32 blocks, 4 decode tc blocks,
+		 * 1 prefill tc block of 512 threads */
+		a.S = choose_splits(c, groups, span, use_tc ? (rg == 1 ? 4 : 1) : 8);
+		if (a.S > 1)
+		{
+			a.partial = (float *) g4c_scratch(c, (size_t) groups * a.S * rows * (hd + 2) * sizeof(float));
+			if (!a.partial)
+				return c->err_code;
+		}
+		if (allow_smem(c, fn, smem) != G4_OK)
+			return c->err_code;
+		if (g4c_launch(c, use_tc ? "attention (tensor cores)" : "attention (float32)", fn, dim3(groups, a.S),
+					   dim3(use_tc ? 128 * rg : SIMT_WARPS * 32), (size_t) smem, a) != G4_OK)
+			return c->err_code;
+		if (a.S > 1)
+		{
+			int			chunks = (a.rotated || hd < 256) ? 1 : hd / 128;
+
+			return g4c_launch(c, "attention (merge)", attn_merge_kernel, dim3(groups * rows * chunks), dim3(128),
+							  (a.S + hd) * sizeof(float), a, rows, chunks);
+		}
+		return G4_OK;
+	}
+}

@@ -1,0 +1,511 @@
+/*
+ * cuda_common.cuh — internals of the CUDA backend shared by its files: the
+ * backend state, device weight layouts, error recording, exact conversion
+ * helpers (bit-identical to the CPU's util.h / kv_codec.c), warp
+ * primitives, tensor-core fragment helpers, and the launchers each file
+ * provides.
+ *
+ * Conventions: every kernel is launched on the backend's one stream;
+ * launchers return G4_OK or G4_ERR_BACKEND and record the first CUDA error
+ * in the state (ops->sync reports it).  Per-step metadata lives in fixed
+ * device buffers filled by step_begin, so a recorded step graph can be
+ * replayed after only the metadata copy.
+ */
+#ifndef G4_CUDA_COMMON_CUH
+#define G4_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend.h"
+}
+
+/* ---- device weight layouts ------------------------------------------------
+ *
+ * W_I4  int4 group-32, repacked into tensor-core fragment order.  Rows are
+ *       padded to units of 16, columns to k-tiles of 64.  Tile (u, kt) holds
+ *       rows 16u..16u+15 and columns 64kt..64kt+63 in 512 bytes: lane
+ *       L = 4g + t (g = L/4, t = L%4) owns 16 bytes = four words
+ *         [row g, group 2kt] [row g, group 2kt+1] [row g+8, 2kt] [row g+8, 2kt+1]
+ *       and the word of (row, group G) holds the codes of columns
+ *         nibble p = 0..3: 32G + 2t + 8p        nibble p + 4: that column + 1
+ *       so ((word >> 4p) & 0x000F000F) | 0x43004300 is the bf16 pair
+ *       {128 + code(c), 128 + code(c + 1)}: one m16n8k16 A fragment register
+ *       (rows as M) or B fragment register (rows as N).  Tiles are stored
+ *       unit-major ([u][kt]); scales bf16 per tile [16 rows][2 groups].
+ * W_BF16 bf16 in fragment order: tile (u, ks) = rows 16u.., columns
+ *       16ks.. in 512 bytes, lane L owns {W[g][2t..], W[g+8][2t..],
+ *       W[g][2t+8..], W[g+8][2t+8..]} (an A fragment; as B: {0,2} rows g,
+ *       {1,3} rows g+8).  Columns padded to 64, tiles unit-major.
+ * W_F32 plain row-major float32 (every other format, dequantised exactly at
+ *       upload, and I4/BF16 matrices with at most 256 columns, whose
+ *       products then run in exact float32 arithmetic).
+ */
+enum
+{
+	G4C_W_I4 = 0,
+	G4C_W_BF16 = 1,
+	G4C_W_F32 = 2
+};
+
+struct g4_weight
+{
+	int			kind;			/* G4C_W_* */
+	int64_t		out;			/* logical rows (sum of the parts) */
+	int64_t		in;				/* logical columns */
+	int64_t		units;			/* ceil(out / 16) (I4, BF16) */
+	int64_t		ktiles;			/* ceil(in / 64) (I4, BF16) */
+	void	   *data;			/* device */
+	uint16_t   *scales;			/* device, I4 only */
+	size_t		bytes;			/* device bytes held */
+};
+
+#define G4C_MAX_GRAPHS 48
+#define G4C_TPC_LEVELS 7		/* attention tiles of 1, 2, 4, ... 64 tokens */
+
+typedef struct
+{
+	uint64_t	key;
+	int			uses;			/* times this shape was seen */
+	uint64_t	last_use;
+	cudaGraphExec_t exec;		/* NULL until recorded */
+} g4c_graph;
+
+typedef struct
+{
+	g4_backend	base;
+	int			device;
+	cudaStream_t stream;
+	int			sm_count;
+	int			pdl;			/* programmatic dependent launch (Hopper and newer) */
+	char		name[256];
+
+	/* first error, reported by sync */
+	int			err_code;
+	char		err_msg[512];
+	/* failures found by kernels (a KV block missing): G4C_STATUS_* bits,
+	 * read and cleared by sync */
+	unsigned   *d_status;
+	unsigned   *h_status;		/* pinned */
+
+	/* KV pool */
+	g4_kv_pool_desc kv;
+	int			kv_configured;
+
+	/* the current step: host copies and fixed device buffers */
+	int			n_tokens;
+	int			n_logits;
+	int			cap_tokens;
+	int			cap_logits;
+	int32_t    *h_meta;			/* pinned */
+	int32_t    *d_meta;			/* device */
+	size_t		meta_ints;
+	cudaEvent_t meta_done;		/* the pinned buffer may be refilled */
+	/* device views into d_meta */
+	int32_t    *d_token, *d_pos, *d_slot, *d_lo[G4_KVG_COUNT], *d_hi[G4_KVG_COUNT];
+	int32_t    *d_logit_rows;
+	int32_t    *d_tiles[G4C_TPC_LEVELS];	/* first token of each tile, then n */
+	int			n_tiles[G4C_TPC_LEVELS];
+	int			span_bucket[G4_KVG_COUNT];	/* pow2 >= the longest visible range */
+
+	/* scratch (grows outside graph capture only) */
+	void	   *scratch;
+	size_t		scratch_bytes;
+	unsigned   *counters;		/* zeroed; merging blocks reset what they use */
+	size_t		counters_n;
+
+	/* step graphs */
+	g4c_graph	graphs[G4C_MAX_GRAPHS];
+	uint64_t	graph_clock;
+	int			capturing;		/* recording into cur_graph */
+	int			capture_begins; /* step_begin calls seen while recording */
+	int			cur_graph;		/* index, or -1 */
+	uint64_t	step_key;
+
+	/* argmax result staging */
+	int32_t    *h_ids;			/* pinned */
+	int32_t    *d_ids;
+	int			cap_ids;
+	int32_t    *d_suppress;
+	int			cap_suppress;
+} g4_cuda;
+
+static inline g4_cuda *
+g4c_of(g4_backend *be)
+{
+	return (g4_cuda *) be;
+}
+
+#define G4C_STATUS_KV_MISSING 1u
+
+/* Record a CUDA failure (the first one wins); returns G4_ERR_BACKEND or
+ * G4_ERR_NOMEM. */
+int			g4c_fail(g4_cuda *c, cudaError_t e, const char *what, const char *file, int line);
+
+#define G4C_CHECK(c, call) do { cudaError_t _e = (call); \
+	if (_e != cudaSuccess) return g4c_fail((c), _e, #call, __FILE__, __LINE__); } while (0)
+
+/* Scratch of at least `bytes` (256-byte aligned), or NULL after recording
+ * an error (growth is refused while a graph is being recorded). */
+void	   *g4c_scratch(g4_cuda *c, size_t bytes);
+/* `n` zeroed counters. */
+unsigned   *g4c_counters(g4_cuda *c, size_t n);
+
+/* ---- exact conversions (as util.h on the CPU) ---------------------------- */
+
+__device__ __forceinline__ float
+g4c_bf16_to_f32(uint16_t h)
+{
+	return __uint_as_float((uint32_t) h << 16);
+}
+
+__device__ __forceinline__ uint16_t
+g4c_f32_to_bf16(float f)
+{
+	uint32_t	u = __float_as_uint(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t) ((u >> 16) | 0x40);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t) (u >> 16);
+}
+
+__device__ __forceinline__ float
+g4c_f16_to_f32(uint16_t h)
+{
+	uint32_t	sign = (uint32_t) (h & 0x8000) << 16;
+	uint32_t	exp = (h >> 10) & 0x1f;
+	uint32_t	man = h & 0x3ff;
+
+	if (exp == 0)
+	{
+		float		f;
+
+		if (man == 0)
+			return __uint_as_float(sign);
+		f = (float) man * (1.0f / 16777216.0f);
+		return sign ? -f : f;
+	}
+	if (exp == 31)
+		return __uint_as_float(sign | 0x7f800000u | (man << 13));
+	return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+__device__ __forceinline__ uint16_t
+g4c_f32_to_f16(float f)
+{
+	uint32_t	u = __float_as_uint(f);
+	uint32_t	sign = (u >> 16) & 0x8000;
+	int32_t		exp = (int32_t) ((u >> 23) & 0xff);
+	uint32_t	man = u & 0x7fffff;
+
+	if (exp == 255)
+		return (uint16_t) (sign | 0x7c00 | (man ? 0x200 : 0));
+	exp = exp - 127 + 15;
+	if (exp >= 31)
+		return (uint16_t) (sign | 0x7c00);
+	if (exp <= 0)
+	{
+		uint32_t	shift,
+					m,
+					r;
+
+		if (exp < -10)
+			return (uint16_t) sign;
+		m = man | 0x800000;
+		shift = (uint32_t) (14 - exp);
+		r = m >> shift;
+		if ((m >> (shift - 1)) & 1)
+		{
+			if ((m & ((1u << (shift - 1)) - 1)) || (r & 1))
+				r++;
+		}
+		return (uint16_t) (sign | r);
+	}
+	{
+		uint32_t	r = ((uint32_t) exp << 10) | (man >> 13);
+		uint32_t	rest = man & 0x1fff;
+
+		if (rest > 0x1000 || (rest == 0x1000 && (r & 1)))
+			r++;
+		return (uint16_t) (sign | r);
+	}
+}
+
+/* ---- the pool layout of kvformat.h, for device code ----------------------- */
+
+__device__ __forceinline__ int
+g4c_v4_group(int hd)
+{
+	return hd < G4_KV_V4_GROUP_MAX ? hd : G4_KV_V4_GROUP_MAX;
+}
+
+__device__ __forceinline__ size_t
+g4c_tq_kscale_off(int hd)
+{
+	return (size_t) G4_KV_BLOCK_TOKENS * (size_t) hd;
+}
+
+__device__ __forceinline__ size_t
+g4c_tq_v_off(int hd)
+{
+	return g4c_tq_kscale_off(hd) + 2 * G4_KV_BLOCK_TOKENS;
+}
+
+__device__ __forceinline__ size_t
+g4c_tq_vscale_off(int hd)
+{
+	return g4c_tq_v_off(hd) + (size_t) G4_KV_BLOCK_TOKENS * (size_t) hd / 2;
+}
+
+/* ---- warp helpers ---------------------------------------------------------- */
+
+__device__ __forceinline__ float
+g4c_warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+__device__ __forceinline__ float
+g4c_warp_max(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
+/* Block-wide sum (blockDim.x a multiple of 32, at most 1024); every thread
+ * gets the result.  `red` is 32 floats of shared memory. */
+__device__ __forceinline__ float
+g4c_block_sum(float v, float *red)
+{
+	int			lane = threadIdx.x & 31;
+	int			w = threadIdx.x >> 5;
+	int			nw = blockDim.x >> 5;
+
+	v = g4c_warp_sum(v);
+	__syncthreads();
+	if (lane == 0)
+		red[w] = v;
+	__syncthreads();
+	v = lane < nw ? red[lane] : 0.0f;
+	return g4c_warp_sum(v);
+}
+
+/* Block-wide maximum, as g4c_block_sum. */
+__device__ __forceinline__ float
+g4c_block_max(float v, float *red)
+{
+	int			lane = threadIdx.x & 31;
+	int			w = threadIdx.x >> 5;
+	int			nw = blockDim.x >> 5;
+
+	v = g4c_warp_max(v);
+	__syncthreads();
+	if (lane == 0)
+		red[w] = v;
+	__syncthreads();
+	v = lane < nw ? red[lane] : -INFINITY;
+	return g4c_warp_max(v);
+}
+
+/* ---- tensor-core fragments --------------------------------------------------- */
+
+/* D = A(16x16 bf16) * B(16x8 bf16) + D, float32 accumulate. */
+__device__ __forceinline__ void
+g4c_mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+				 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+				 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+				 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* D = A(16x16 f16) * B(16x8 f16) + D, float32 accumulate. */
+__device__ __forceinline__ void
+g4c_mma_f16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+				 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+				 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+				 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats as an f16 pair, round to nearest even, saturated to ±65504
+ * (never infinite). */
+__device__ __forceinline__ uint32_t
+g4c_pack_f16(float lo, float hi)
+{
+	__half2		p = __floats2half2_rn(fminf(fmaxf(lo, -65504.0f), 65504.0f), fminf(fmaxf(hi, -65504.0f), 65504.0f));
+
+	return *reinterpret_cast<uint32_t *>(&p);
+}
+
+/* Two floats as a bf16 pair (lo in the low half), round to nearest even. */
+__device__ __forceinline__ uint32_t
+g4c_pack_bf16(float lo, float hi)
+{
+	__nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+
+	return *reinterpret_cast<uint32_t *>(&p);
+}
+
+/* x = hi + lo + r with hi, lo bf16 pairs; |r| <= 2^-17 |x| */
+__device__ __forceinline__ void
+g4c_split_bf16(float x0, float x1, uint32_t *hi, uint32_t *lo)
+{
+	__nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+	float2		hf = __bfloat1622float2(h);
+
+	*hi = *reinterpret_cast<uint32_t *>(&h);
+	*lo = g4c_pack_bf16(x0 - hf.x, x1 - hf.y);
+}
+
+/* The bf16 pair (code - 8) of nibbles p and p + 4 of a packed I4 word. */
+__device__ __forceinline__ uint32_t
+g4c_i4_pair(uint32_t w, int p)
+{
+	uint32_t	v = ((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
+	uint32_t	k = 0x43084308u;	/* bf16 pair {136, 136} */
+	__nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&v), *reinterpret_cast<__nv_bfloat162 *>(&k));
+
+	return *reinterpret_cast<uint32_t *>(&r);
+}
+
+__device__ __forceinline__ uint32_t
+g4c_bf16_mul2(uint32_t a, uint32_t s2)
+{
+	__nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&a), *reinterpret_cast<__nv_bfloat162 *>(&s2));
+
+	return *reinterpret_cast<uint32_t *>(&r);
+}
+
+__device__ __forceinline__ void
+g4c_ldmatrix_x4(uint32_t r[4], const void *smem)
+{
+	uint32_t	a = (uint32_t) __cvta_generic_to_shared(smem);
+
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+				 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+__device__ __forceinline__ void
+g4c_ldmatrix_x4_trans(uint32_t r[4], const void *smem)
+{
+	uint32_t	a = (uint32_t) __cvta_generic_to_shared(smem);
+
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+				 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+__device__ __forceinline__ void
+g4c_cp_async16(void *smem, const void *gmem, bool pred)
+{
+	uint32_t	a = (uint32_t) __cvta_generic_to_shared(smem);
+	int			n = pred ? 16 : 0;
+
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(a), "l"(gmem), "r"(n));
+}
+
+__device__ __forceinline__ void
+g4c_cp_async_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N>
+__device__ __forceinline__ void
+g4c_cp_async_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}
+
+/* ---- launching ----------------------------------------------------------------
+ *
+ * Every kernel is launched with programmatic stream serialisation where the
+ * device has it: a kernel may be scheduled while its predecessor finishes.
+ * Each kernel therefore starts with g4c_pdl_trigger() (its own successor may
+ * be scheduled once all of its blocks run) and calls g4c_pdl_wait() (the
+ * predecessor completed, its writes visible) before reading anything an
+ * earlier kernel wrote, and unconditionally, so that completion stays
+ * transitive along the stream.  Work that reads only weights may come
+ * before the wait.
+ */
+__device__ __forceinline__ void
+g4c_pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void
+g4c_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+template <typename... KArgs, typename... Args>
+static inline int
+g4c_launch(g4_cuda *c, const char *what, void (*kernel) (KArgs...), dim3 grid, dim3 block, size_t smem,
+		   Args &&... args)
+{
+	cudaLaunchConfig_t cfg;
+	cudaLaunchAttribute attr;
+	cudaError_t e;
+
+	cfg.gridDim = grid;
+	cfg.blockDim = block;
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = c->stream;
+	attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	attr.val.programmaticStreamSerializationAllowed = 1;
+	cfg.attrs = &attr;
+	cfg.numAttrs = c->pdl ? 1 : 0;
+	e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+	if (e != cudaSuccess)
+		return g4c_fail(c, e, what, __FILE__, __LINE__);
+	return G4_OK;
+}
+
+/* ---- launchers, by file ------------------------------------------------------ */
+
+/* elementwise.cu */
+int			g4c_embed(g4_backend *be, const g4_weight *table, float scale, float *out);
+int			g4c_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
+int			g4c_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
+int			g4c_softcap(g4_backend *be, float *x, size_t count, float cap);
+int			g4c_argmax(g4_backend *be, const float *logits, int n, int vocab,
+					   const int32_t *suppress, int n_suppress, int32_t *ids);
+/* norm_rope.cu */
+int			g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim,
+						float eps, float *y);
+int			g4c_head_norm_rope(g4_backend *be, float *x, int n, int stride, int heads, int hd,
+							   const float *w, float eps, const float *inv_freq);
+int			g4c_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
+							int dim, float eps, float scale);
+/* kv_store.cu */
+int			g4c_kv_store(g4_backend *be, const g4_kv_layer *L, const float *k, int k_stride,
+						 const float *v, int v_stride, int n);
+/* attention.cu */
+int			g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride,
+						  int n, float *out);
+/* matmul_w4.cu / matmul_dense.cu */
+int			g4c_matmul(g4_backend *be, const g4_weight *w, const float *x, int n, float *y);
+int			g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
+int			g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
+int			g4c_matmul_f32(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
+/* pack kernels (matmul_w4.cu / matmul_dense.cu): raw device rows [rows][in]
+ * of a part placed at row `row0` of the packed weight */
+int			g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_scales,
+						int64_t row0, int64_t rows);
+int			g4c_pack_bf16(g4_cuda *c, g4_weight *w, const uint16_t *raw, int64_t row0, int64_t rows);
+
+#endif

@@ -1,0 +1,309 @@
+/*
+ * elementwise.cu — embedding lookup, GeGLU, logit-row gathering,
+ * soft-capping and the on-device greedy choice (argmax).
+ *
+ * Numerics as ops_dense.c: the embedding row is decoded exactly and
+ * multiplied by the scale once; GELU is the tanh approximation with an
+ * accurate tanhf; products and sums that the CPU rounds separately are
+ * kept separate here (__fmul_rn / __fadd_rn are never contracted).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+/* ---- embedding ------------------------------------------------------------ */
+
+/* Element (r, k) of a weight in its device layout (cuda_common.cuh). */
+__device__ __forceinline__ float
+weight_elem(int kind, const void *data, const uint16_t *scales, int64_t in, int64_t ktiles, int64_t r, int64_t k)
+{
+	int64_t		u = r >> 4;
+	int			rr = (int) (r & 15);
+	int			g = rr & 7,
+				hi = rr >> 3;
+
+	if (kind == G4C_W_F32)
+		return ((const float *) data)[r * in + k];
+	if (kind == G4C_W_BF16)
+	{
+		int64_t		ks = k >> 4;
+		int			kk = (int) (k & 15);
+		int			lane = g * 4 + ((kk & 7) >> 1);
+		int			reg = hi + 2 * (kk >> 3);
+		size_t		off = ((size_t) (u * ktiles * 4 + ks) * 32 + (size_t) lane) * 8 + (size_t) reg * 2 + (size_t) (kk & 1);
+
+		return g4c_bf16_to_f32(((const uint16_t *) data)[off]);
+	}
+	{
+		int64_t		kt = k >> 6;
+		int			G = (int) ((k >> 5) & 1);
+		int			kin = (int) (k & 31);
+		int			p = kin >> 3,
+					t = (kin & 7) >> 1,
+					b = kin & 1;
+		int			lane = g * 4 + t;
+		size_t		tile = (size_t) (u * ktiles + kt);
+		uint32_t	word = ((const uint32_t *) data)[(tile * 32 + (size_t) lane) * 4 + (size_t) (hi * 2 + G)];
+		int			code = (int) ((word >> (4 * (p + 4 * b))) & 15u);
+		float		s = g4c_bf16_to_f32(scales[(tile * 16 + (size_t) rr) * 2 + (size_t) G]);
+
+		return (float) (code - 8) * s;
+	}
+}
+
+__global__ void
+embed_kernel(int kind, const void *data, const uint16_t *scales, int64_t out_rows, int64_t in, int64_t ktiles,
+			 const int32_t *token, float scale, float *out)
+{
+	int			t = blockIdx.x;
+	int64_t		k = (int64_t) blockIdx.y * blockDim.x + threadIdx.x;
+	int32_t		tok;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	tok = token[t];
+	if (tok < 0 || tok >= out_rows || k >= in)
+		return;					/* supplied by the caller */
+	out[(size_t) t * (size_t) in + (size_t) k] = __fmul_rn(weight_elem(kind, data, scales, in, ktiles, tok, k), scale);
+}
+
+int
+g4c_embed(g4_backend *be, const g4_weight *w, float scale, float *out)
+{
+	g4_cuda    *c = g4c_of(be);
+	dim3		grid(c->n_tokens, (unsigned) ((w->in + 255) / 256));
+
+	if (c->n_tokens == 0)
+		return G4_OK;
+	return g4c_launch(c, "embed", embed_kernel, grid, dim3(256), 0, w->kind, (const void *) w->data,
+					  (const uint16_t *) w->scales, w->out, w->in, w->ktiles, (const int32_t *) c->d_token, scale, out);
+}
+
+/* ---- GeGLU ---------------------------------------------------------------- */
+
+__device__ __forceinline__ float
+gelu_tanh(float x)
+{
+	const float beta = 0.7978845608028654f;
+	const float kappa = 0.044715f;
+	float		inner = __fmul_rn(beta, __fadd_rn(x, __fmul_rn(__fmul_rn(__fmul_rn(kappa, x), x), x)));
+
+	return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+}
+
+__global__ void
+geglu_kernel(const float *gu, int n, int ff, float *out)
+{
+	size_t		i = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
+	size_t		total = (size_t) n * (size_t) ff;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	for (; i < total; i += (size_t) gridDim.x * blockDim.x)
+	{
+		size_t		t = i / (size_t) ff;
+		size_t		j = i - t * (size_t) ff;
+		const float *row = gu + t * 2 * (size_t) ff;
+
+		out[i] = __fmul_rn(gelu_tanh(row[j]), row[j + (size_t) ff]);
+	}
+}
+
+static unsigned
+grid_for(const g4_cuda *c, size_t total, int threads)
+{
+	size_t		blocks = (total + (size_t) threads - 1) / (size_t) threads;
+	size_t		cap = (size_t) c->sm_count * 16;
+
+	return (unsigned) (blocks < cap ? (blocks > 0 ? blocks : 1) : cap);
+}
+
+int
+g4c_geglu(g4_backend *be, const float *gu, int n, int ff, float *out)
+{
+	g4_cuda    *c = g4c_of(be);
+
+	if (n <= 0)
+		return G4_OK;
+	return g4c_launch(c, "geglu", geglu_kernel, dim3(grid_for(c, (size_t) n * (size_t) ff, 256)), dim3(256), 0, gu, n,
+					  ff, out);
+}
+
+/* ---- logit rows and soft-cap ---------------------------------------------------- */
+
+__global__ void
+gather_rows_kernel(const float *x, int dim, const int32_t *rows, float *out)
+{
+	const float *src;
+	float	   *dst = out + (size_t) blockIdx.x * (size_t) dim;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	src = x + (size_t) rows[blockIdx.x] * (size_t) dim;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		dst[i] = src[i];
+}
+
+int
+g4c_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out)
+{
+	g4_cuda    *c = g4c_of(be);
+
+	if (c->n_logits == 0)
+		return G4_OK;
+	return g4c_launch(c, "gather_logit_rows", gather_rows_kernel, dim3(c->n_logits), dim3(256), 0, x, dim,
+					  (const int32_t *) c->d_logit_rows, out);
+}
+
+__global__ void
+softcap_kernel(float *x, size_t count, float cap)
+{
+	size_t		i = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	for (; i < count; i += (size_t) gridDim.x * blockDim.x)
+		x[i] = __fmul_rn(tanhf(__fdiv_rn(x[i], cap)), cap);
+}
+
+int
+g4c_softcap(g4_backend *be, float *x, size_t count, float cap)
+{
+	g4_cuda    *c = g4c_of(be);
+
+	if (count == 0)
+		return G4_OK;
+	return g4c_launch(c, "softcap", softcap_kernel, dim3(grid_for(c, count, 256)), dim3(256), 0, x, count, cap);
+}
+
+/* ---- greedy choice ------------------------------------------------------------ */
+
+/* (v, i) beats (bv, bi): larger, or equal with the smaller index; NaN never */
+__device__ __forceinline__ bool
+beats(float v, int i, float bv, int bi)
+{
+	return v > bv || (v == bv && (bi < 0 || i < bi));
+}
+
+#define ARGMAX_THREADS 1024
+
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax_kernel(const float *logits, int vocab, const int32_t *suppress, int n_suppress, int32_t *ids)
+{
+	__shared__ float sv[32];
+	__shared__ int si[32];
+	const float *row = logits + (size_t) blockIdx.x * (size_t) vocab;
+	float		bv = -INFINITY;
+	int			bi = -1;
+	int			lane = threadIdx.x & 31;
+	int			w = threadIdx.x >> 5;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+	{
+		float		v = row[i];
+
+		for (int s = 0; s < n_suppress; s++)
+			if (suppress[s] == i)
+				v = -INFINITY;
+		if (beats(v, i, bv, bi))
+		{
+			bv = v;
+			bi = i;
+		}
+	}
+	for (int o = 16; o > 0; o >>= 1)
+	{
+		float		ov = __shfl_xor_sync(0xffffffffu, bv, o);
+		int			oi = __shfl_xor_sync(0xffffffffu, bi, o);
+
+		if (oi >= 0 && beats(ov, oi, bv, bi))
+		{
+			bv = ov;
+			bi = oi;
+		}
+	}
+	if (lane == 0)
+	{
+		sv[w] = bv;
+		si[w] = bi;
+	}
+	__syncthreads();
+	if (w == 0)
+	{
+		bv = lane < (int) (blockDim.x >> 5) ? sv[lane] : -INFINITY;
+		bi = lane < (int) (blockDim.x >> 5) ? si[lane] : -1;
+		for (int o = 16; o > 0; o >>= 1)
+		{
+			float		ov = __shfl_xor_sync(0xffffffffu, bv, o);
+			int			oi = __shfl_xor_sync(0xffffffffu, bi, o);
+
+			if (oi >= 0 && beats(ov, oi, bv, bi))
+			{
+				bv = ov;
+				bi = oi;
+			}
+		}
+		if (lane == 0)
+		{
+			/* as the host loop: a NaN first element is never replaced */
+			float		first = row[0];
+
+			for (int s = 0; s < n_suppress; s++)
+				if (suppress[s] == 0)
+					first = -INFINITY;
+			ids[blockIdx.x] = (isnan(first) || bi < 0) ? 0 : bi;
+		}
+	}
+}
+
+int
+g4c_argmax(g4_backend *be, const float *logits, int n, int vocab, const int32_t *suppress, int n_suppress,
+		   int32_t *ids)
+{
+	g4_cuda    *c = g4c_of(be);
+
+	if (n <= 0)
+		return G4_OK;
+	if (c->capturing)
+		return G4_ERR_INTERNAL;
+	if (n > c->cap_ids)
+	{
+		int			cap = n < 64 ? 64 : n;
+
+		if (c->h_ids)
+			cudaFreeHost(c->h_ids);
+		if (c->d_ids)
+			cudaFree(c->d_ids);
+		c->h_ids = NULL;
+		c->d_ids = NULL;
+		c->cap_ids = 0;
+		G4C_CHECK(c, cudaMallocHost((void **) &c->h_ids, (size_t) cap * sizeof(int32_t)));
+		G4C_CHECK(c, cudaMalloc((void **) &c->d_ids, (size_t) cap * sizeof(int32_t)));
+		c->cap_ids = cap;
+	}
+	if (n_suppress > c->cap_suppress)
+	{
+		if (c->d_suppress)
+			cudaFree(c->d_suppress);
+		c->d_suppress = NULL;
+		c->cap_suppress = 0;
+		G4C_CHECK(c, cudaMalloc((void **) &c->d_suppress, (size_t) n_suppress * sizeof(int32_t)));
+		c->cap_suppress = n_suppress;
+	}
+	if (n_suppress > 0)
+		G4C_CHECK(c, cudaMemcpyAsync(c->d_suppress, suppress, (size_t) n_suppress * sizeof(int32_t),
+									 cudaMemcpyHostToDevice, c->stream));
+	if (g4c_launch(c, "argmax", argmax_kernel, dim3(n), dim3(ARGMAX_THREADS), 0, logits, vocab,
+				   (const int32_t *) c->d_suppress, n_suppress, c->d_ids) != G4_OK)
+		return c->err_code;
+	G4C_CHECK(c, cudaMemcpyAsync(c->h_ids, c->d_ids, (size_t) n * sizeof(int32_t), cudaMemcpyDeviceToHost,
+								 c->stream));
+	G4C_CHECK(c, cudaStreamSynchronize(c->stream));
+	if (c->err_code != G4_OK)
+		return c->err_code;
+	memcpy(ids, c->h_ids, (size_t) n * sizeof(int32_t));
+	return G4_OK;
+}

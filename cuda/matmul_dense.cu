@@ -1,0 +1,205 @@
+/*
+ * matmul_dense.cu — bf16 weights (the tied embedding / LM head and bf16
+ * checkpoints) in tensor-core fragment order, and float32 weights (every
+ * other format, dequantised exactly at upload, and narrow matrices) on the
+ * CUDA cores in float32.
+ *
+ * Device memory: bf16 2 bytes per weight (columns padded to 64), float32 4
+ * bytes per weight.
+ */
+#include "matmul.cuh"
+
+/* ---- bf16 ---------------------------------------------------------------- */
+
+/* One thread per (row, column pair): places W[r][k..k+1] in its fragment
+ * register (layout in cuda_common.cuh). */
+__global__ void
+pack_bf16_kernel(const uint16_t *raw, int64_t rows, int64_t in, int64_t row0, int64_t ktiles, uint32_t *packed)
+{
+	int64_t		pairs = in / 2;
+	int64_t		i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+	int64_t		r,
+				k,
+				R;
+	int			rr,
+				kk;
+	size_t		tile;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	if (i >= rows * pairs)
+		return;
+	r = i / pairs;
+	k = (i % pairs) * 2;
+	R = row0 + r;
+	rr = (int) (R & 15);
+	kk = (int) (k & 15);
+	tile = (size_t) ((R >> 4) * ktiles * 4 + (k >> 4));
+	packed[(tile * 32 + (size_t) ((rr & 7) * 4 + ((kk & 7) >> 1))) * 4 + (size_t) ((rr >> 3) + 2 * (kk >> 3))] =
+		(uint32_t) raw[r * in + k] | ((uint32_t) raw[r * in + k + 1] << 16);
+}
+
+int
+g4c_pack_bf16(g4_cuda *c, g4_weight *w, const uint16_t *raw, int64_t row0, int64_t rows)
+{
+	int64_t		items = rows * (w->in / 2);
+
+	if (items == 0)
+		return G4_OK;
+	return g4c_launch(c, "pack bf16 weight", pack_bf16_kernel, dim3((unsigned) ((items + 255) / 256)), dim3(256), 0,
+					  raw, rows, w->in, row0, w->ktiles, (uint32_t *) w->data);
+}
+
+int
+g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+{
+	return packed_matmul<G4C_W_BF16>(c, w, x, n, y);
+}
+
+__global__ void
+to_bf16_kernel(const float *x, int n, int K, int Kp, uint16_t *xb)
+{
+	size_t		total = (size_t) n * (size_t) Kp;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	for (size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t) gridDim.x * blockDim.x)
+	{
+		size_t		r = i / (size_t) Kp;
+		int			k = (int) (i - r * (size_t) Kp);
+
+		xb[i] = k < K ? g4c_f32_to_bf16(x[r * (size_t) K + (size_t) k]) : 0;
+	}
+}
+
+int
+g4c_to_bf16(g4_cuda *c, const float *x, int n, int K, int Kp, uint16_t *xb)
+{
+	size_t		total = (size_t) n * (size_t) Kp;
+	size_t		blocks = (total + 255) / 256;
+
+	if (blocks > (size_t) c->sm_count * 32)
+		blocks = (size_t) c->sm_count * 32;
+	return g4c_launch(c, "matmul (to bf16)", to_bf16_kernel, dim3((unsigned) blocks), dim3(256), 0, x, n, K, Kp, xb);
+}
+
+/* ---- float32 --------------------------------------------------------------- */
+
+#define GEMV_ROWS 8				/* token rows per pass */
+
+/* One warp per output row, token rows in passes of 8. */
+__global__ void
+gemv_f32_kernel(const float *W, const float *x, int n, int K, int N, float *y)
+{
+	int			row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	int			lane = threadIdx.x & 31;
+	const float *wr;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	if (row >= N)
+		return;
+	wr = W + (size_t) row * (size_t) K;
+	for (int t0 = 0; t0 < n; t0 += GEMV_ROWS)
+	{
+		float		acc[GEMV_ROWS];
+		int			nt = min(GEMV_ROWS, n - t0);
+
+#pragma unroll
+		for (int j = 0; j < GEMV_ROWS; j++)
+			acc[j] = 0.0f;
+		for (int k = lane; k < K; k += 32)
+		{
+			float		wv = wr[k];
+
+#pragma unroll
+			for (int j = 0; j < GEMV_ROWS; j++)
+				if (j < nt)
+					acc[j] = fmaf(wv, x[(size_t) (t0 + j) * (size_t) K + (size_t) k], acc[j]);
+		}
+#pragma unroll
+		for (int j = 0; j < GEMV_ROWS; j++)
+		{
+			float		s = g4c_warp_sum(acc[j]);
+
+			if (lane == 0 && j < nt)
+				y[(size_t) (t0 + j) * (size_t) N + (size_t) row] = s;
+		}
+	}
+}
+
+#define SG_TILE 64
+#define SG_K 16
+
+/* 64 x 64 output tiles, 256 threads of 4 x 4 (tokens x outputs). */
+__global__ void __launch_bounds__(256)
+sgemm_f32_kernel(const float *W, const float *x, int n, int K, int N, float *y)
+{
+	__shared__ float xs[SG_K][SG_TILE + 1];
+	__shared__ float ws[SG_K][SG_TILE + 1];
+	int			t0 = blockIdx.y * SG_TILE;
+	int			o0 = blockIdx.x * SG_TILE;
+	int			tx = threadIdx.x & 15,
+				ty = threadIdx.x >> 4;
+	float		acc[4][4];
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	for (int i = 0; i < 4; i++)
+		for (int j = 0; j < 4; j++)
+			acc[i][j] = 0.0f;
+	for (int k0 = 0; k0 < K; k0 += SG_K)
+	{
+		for (int i = threadIdx.x; i < SG_TILE * SG_K; i += blockDim.x)
+		{
+			int			r = i / SG_K,
+						k = i % SG_K;
+			int			kk = k0 + k;
+
+			xs[k][r] = (t0 + r < n && kk < K) ? x[(size_t) (t0 + r) * (size_t) K + (size_t) kk] : 0.0f;
+			ws[k][r] = (o0 + r < N && kk < K) ? W[(size_t) (o0 + r) * (size_t) K + (size_t) kk] : 0.0f;
+		}
+		__syncthreads();
+#pragma unroll
+		for (int k = 0; k < SG_K; k++)
+		{
+			float		a[4],
+						b[4];
+
+			for (int i = 0; i < 4; i++)
+			{
+				a[i] = xs[k][ty * 4 + i];
+				b[i] = ws[k][tx * 4 + i];
+			}
+			for (int i = 0; i < 4; i++)
+				for (int j = 0; j < 4; j++)
+					acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+		}
+		__syncthreads();
+	}
+	for (int i = 0; i < 4; i++)
+		for (int j = 0; j < 4; j++)
+		{
+			int			t = t0 + ty * 4 + i,
+						o = o0 + tx * 4 + j;
+
+			if (t < n && o < N)
+				y[(size_t) t * (size_t) N + (size_t) o] = acc[i][j];
+		}
+}
+
+int
+g4c_matmul_f32(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+{
+	int			K = (int) w->in,
+				N = (int) w->out;
+
+	if (n <= 0)
+		return G4_OK;
+	if (n <= 2 * GEMV_ROWS)
+		return g4c_launch(c, "matmul (float32)", gemv_f32_kernel, dim3((N + 7) / 8), dim3(256), 0,
+						  (const float *) w->data, x, n, K, N, y);
+	return g4c_launch(c, "matmul (float32)", sgemm_f32_kernel,
+					  dim3((N + SG_TILE - 1) / SG_TILE, (n + SG_TILE - 1) / SG_TILE), dim3(256), 0,
+					  (const float *) w->data, x, n, K, N, y);
+}

@@ -1,0 +1,83 @@
+/*
+ * matmul_w4.cu — int4 group-32 weights (compressed-tensors pack-quantized):
+ * the repacking into tensor-core fragment order at upload, the matmul entry
+ * point for every device weight kind, and the int4 instantiation of the
+ * skinny / gemm kernels (matmul.cuh).
+ *
+ * Device memory of an int4 weight: exactly the checkpoint's bytes (0.5 byte
+ * per weight + one bf16 scale per 32), rows padded to 16 and columns to 64.
+ */
+#include "matmul.cuh"
+
+/* One thread per (row, group of 32 columns, t): builds the packed word of
+ * lane (row % 8) * 4 + t (layout in cuda_common.cuh). */
+__global__ void
+pack_i4_kernel(const uint32_t *raw, const uint16_t *raw_scales, int64_t rows, int64_t in, int64_t row0,
+			   int64_t ktiles, uint32_t *packed, uint16_t *scales)
+{
+	int64_t		groups = in / 32;
+	int64_t		i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+	int64_t		r,
+				G,
+				R;
+	int			t,
+				rr;
+	const uint32_t *src;
+	uint32_t	word = 0;
+	size_t		tile;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	if (i >= rows * groups * 4)
+		return;
+	t = (int) (i & 3);
+	G = (i >> 2) % groups;
+	r = (i >> 2) / groups;
+	R = row0 + r;
+	rr = (int) (R & 15);
+	src = raw + r * (in / 8) + G * 4;
+	for (int p = 0; p < 4; p++)
+	{
+		uint32_t	w = src[p];
+
+		word |= ((w >> (8 * t)) & 15u) << (4 * p);
+		word |= ((w >> (8 * t + 4)) & 15u) << (4 * (p + 4));
+	}
+	tile = (size_t) ((R >> 4) * ktiles + (G >> 1));
+	packed[(tile * 32 + (size_t) ((rr & 7) * 4 + t)) * 4 + (size_t) ((rr >> 3) * 2 + (G & 1))] = word;
+	if (t == 0)
+		scales[(tile * 16 + (size_t) rr) * 2 + (size_t) (G & 1)] = raw_scales[r * groups + G];
+}
+
+int
+g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_scales, int64_t row0, int64_t rows)
+{
+	int64_t		items = rows * (w->in / 32) * 4;
+
+	if (items == 0)
+		return G4_OK;
+	return g4c_launch(c, "pack int4 weight", pack_i4_kernel, dim3((unsigned) ((items + 255) / 256)), dim3(256), 0,
+					  raw, raw_scales, rows, w->in, row0, w->ktiles, (uint32_t *) w->data, w->scales);
+}
+
+int
+g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+{
+	return packed_matmul<G4C_W_I4>(c, w, x, n, y);
+}
+
+int
+g4c_matmul(g4_backend *be, const g4_weight *w, const float *x, int n, float *y)
+{
+	g4_cuda    *c = g4c_of(be);
+
+	switch (w->kind)
+	{
+		case G4C_W_I4:
+			return g4c_matmul_i4(c, w, x, n, y);
+		case G4C_W_BF16:
+			return g4c_matmul_bf16(c, w, x, n, y);
+		default:
+			return g4c_matmul_f32(c, w, x, n, y);
+	}
+}

@@ -1,0 +1,175 @@
+/*
+ * norm_rope.cu — RMSNorm over rows, per-head RMSNorm + rotate-half RoPE, and
+ * the residual add with post-norm and layer scalar.
+ *
+ * Numerics follow ops_dense.c: the mean of squares is accumulated in double,
+ * the factor is powf(mean + eps, -0.5), and each product / sum the CPU
+ * rounds separately is rounded separately here (no contraction into FMA).
+ * RoPE angles are float32 pos * inv_freq with an accurate sincosf
+ * (positions reach 262,143; the slow path of sincosf handles them).
+ */
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+#define NORM_THREADS 256
+
+__device__ __forceinline__ double
+block_sum_double(double v, double *red)
+{
+	int			lane = threadIdx.x & 31;
+	int			w = threadIdx.x >> 5;
+	int			nw = blockDim.x >> 5;
+
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	__syncthreads();
+	if (lane == 0)
+		red[w] = v;
+	__syncthreads();
+	v = lane < nw ? red[lane] : 0.0;
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+__device__ __forceinline__ float
+rms_factor(double ss, int dim, float eps)
+{
+	return powf(__fadd_rn((float) (ss / dim), eps), -0.5f);
+}
+
+__global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_kernel(const float *x, const float *w, int dim, float eps, float *y)
+{
+	__shared__ double red[32];
+	const float *xr = x + (size_t) blockIdx.x * (size_t) dim;
+	float	   *yr = y + (size_t) blockIdx.x * (size_t) dim;
+	double		ss = 0.0;
+	float		f;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		ss += (double) xr[i] * (double) xr[i];
+	f = rms_factor(block_sum_double(ss, red), dim, eps);
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+	{
+		float		v = __fmul_rn(xr[i], f);
+
+		yr[i] = w ? __fmul_rn(v, w[i]) : v;
+	}
+}
+
+int
+g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y)
+{
+	g4_cuda    *c = g4c_of(be);
+
+	if (rows <= 0)
+		return G4_OK;
+	return g4c_launch(c, "rmsnorm", rmsnorm_kernel, dim3(rows), dim3(NORM_THREADS), 0, x, w, dim, eps, y);
+}
+
+__global__ void __launch_bounds__(NORM_THREADS)
+add_rmsnorm_kernel(float *x, const float *h, const float *w, int dim, float eps, float scale)
+{
+	__shared__ double red[32];
+	float	   *xr = x + (size_t) blockIdx.x * (size_t) dim;
+	const float *hr = h + (size_t) blockIdx.x * (size_t) dim;
+	double		ss = 0.0;
+	float		f;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		ss += (double) hr[i] * (double) hr[i];
+	f = rms_factor(block_sum_double(ss, red), dim, eps);
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+	{
+		float		v = __fadd_rn(xr[i], __fmul_rn(__fmul_rn(hr[i], f), w[i]));
+
+		xr[i] = scale == 1.0f ? v : __fmul_rn(v, scale);
+	}
+}
+
+int
+g4c_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n, int dim, float eps, float scale)
+{
+	g4_cuda    *c = g4c_of(be);
+
+	if (n <= 0)
+		return G4_OK;
+	return g4c_launch(c, "add_rmsnorm", add_rmsnorm_kernel, dim3(n), dim3(NORM_THREADS), 0, x, h, w, dim, eps, scale);
+}
+
+/* One warp per (token, head); lane handles the rotation pairs j, j + hd/2. */
+__global__ void
+head_norm_rope_kernel(float *x, int n, int stride, int heads, int hd, const float *w, float eps,
+					  const float *inv_freq, const int32_t *pos)
+{
+	int			item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	int			lane = threadIdx.x & 31;
+	int			half = hd / 2;
+	double		ss = 0.0;
+	float	   *xh;
+	float		f;
+	int			t;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	if (item >= n * heads)
+		return;
+	t = item / heads;
+	xh = x + (size_t) t * (size_t) stride + (size_t) (item % heads) * (size_t) hd;
+	for (int j = lane; j < half; j += 32)
+	{
+		double		a = xh[j],
+					b = xh[j + half];
+
+		ss += a * a + b * b;
+	}
+	for (int o = 16; o > 0; o >>= 1)
+		ss += __shfl_xor_sync(0xffffffffu, ss, o);
+	f = rms_factor(ss, hd, eps);
+	for (int j = lane; j < half; j += 32)
+	{
+		float		a = __fmul_rn(xh[j], f);
+		float		b = __fmul_rn(xh[j + half], f);
+
+		if (w)
+		{
+			a = __fmul_rn(a, w[j]);
+			b = __fmul_rn(b, w[j + half]);
+		}
+		if (inv_freq && inv_freq[j] != 0.0f)
+		{
+			float		s,
+						co;
+
+			sincosf(__fmul_rn((float) pos[t], inv_freq[j]), &s, &co);
+			xh[j] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, s));
+			xh[j + half] = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, s));
+		}
+		else
+		{
+			xh[j] = a;
+			xh[j + half] = b;
+		}
+	}
+}
+
+int
+g4c_head_norm_rope(g4_backend *be, float *x, int n, int stride, int heads, int hd, const float *w, float eps,
+				   const float *inv_freq)
+{
+	g4_cuda    *c = g4c_of(be);
+	int			items = n * heads;
+
+	if (items <= 0)
+		return G4_OK;
+	if (hd % 2 != 0)
+		return G4_ERR_UNSUPPORTED;
+	return g4c_launch(c, "head_norm_rope", head_norm_rope_kernel, dim3((items + 3) / 4), dim3(128), 0, x, n, stride,
+					  heads, hd, w, eps, inv_freq, (const int32_t *) c->d_pos);
+}

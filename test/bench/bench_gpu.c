@@ -1,0 +1,634 @@
+/*
+ * bench_gpu.c — throughput of the CUDA backend on a model of the real
+ * Gemma 4 12B shape (gemma4-make-model --preset 12b, int4 w4a16 + bf16
+ * embeddings), through the engine's forward pass (step_driver.c: the same
+ * operations g4_model_forward issues, plus the backend's step graphs and
+ * device argmax).
+ *
+ *   bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq]
+ *
+ * decode    B sequences (1, 16, 64) at contexts 2k / 32k: tokens/s and the
+ *           bytes one step must read (weights + each sequence's visible KV)
+ *           over the step time.  Contexts are reserved, not prefilled: the
+ *           KV blocks are allocated and hold arbitrary (valid) values, which
+ *           costs the same to read (benchmark only: drv_reserve).
+ * prefill   one prompt of 2k / 32k tokens in chunks of 16384: tokens/s and
+ *           time to the first token.
+ * ops       each operation of a decode step (n = 1 and 64) and of a 2k
+ *           prefill chunk, timed alone: the per-kernel breakdown.
+ * capacity  for bf16 and turboquant_k8v4: how many 262,144-token sequences
+ *           the pool's accounting says fit next to the weights at 95 % of
+ *           device memory, then that many reserved at full length and
+ *           decoded together.
+ * Output: "BENCH key=value ..." lines, then a summary table.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "step_driver.h"
+#include "util.h"
+
+#define MAX_TOKENS 16384
+#define MAX_SEQS 128
+#define MAX_LEN 262144
+
+static g4_backend *be;
+static drv	D;
+static int	kv_dtype = G4_KV_TURBOQUANT_K8V4;
+static char summary[64][200];
+static int	n_summary;
+
+static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void
+note(const char *fmt, ...)
+{
+	va_list		ap;
+
+	if (n_summary >= 64)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(summary[n_summary++], sizeof(summary[0]), fmt, ap);
+	va_end(ap);
+}
+
+static void
+die(const g4_err *err, const char *what)
+{
+	fprintf(stderr, "bench-gpu: %s: %s\n", what, err->msg);
+	exit(1);
+}
+
+static uint64_t rs = 88172645463325252ull;
+
+static int32_t
+rand_token(void)
+{
+	rs ^= rs << 13;
+	rs ^= rs >> 7;
+	rs ^= rs << 17;
+	return (int32_t) (rs % 200000) + 1000;
+}
+
+static const char *
+kv_name(int d)
+{
+	return d == G4_KV_BF16 ? "bf16" : d == G4_KV_F32 ? "f32" : "turboquant_k8v4";
+}
+
+/* KV bytes one decode step of a sequence at context `ctx` reads */
+static double
+kv_read_bytes(int ctx)
+{
+	int			W = D.m->cfg.sliding_window;
+
+	return (double) G4_MIN(ctx, W) * (double) g4_kv_group_token_bytes(D.m, kv_dtype, G4_KVG_SLIDING) +
+		(double) ctx * (double) g4_kv_group_token_bytes(D.m, kv_dtype, G4_KVG_FULL);
+}
+
+/* ---- decode ---------------------------------------------------------------- */
+
+static double
+decode_run(int B, int ctx, int steps, int graphs, double *bytes_per_step)
+{
+	drv_item	it[MAX_SEQS];
+	int32_t		tok[MAX_SEQS],
+				ids[MAX_SEQS];
+	g4_err		err;
+	int			s,
+				k;
+	double		t0 = 0;
+
+	for (s = 0; s < B; s++)
+		if (drv_reserve(&D, s, ctx, &err) != G4_OK)
+			die(&err, "reserve");
+	D.use_graphs = graphs;
+	for (k = 0; k < steps + 3; k++)
+	{
+		if (k == 3)
+			t0 = g4_now();		/* graphs are recorded by now */
+		for (s = 0; s < B; s++)
+		{
+			it[s].slot = s;
+			it[s].start = ctx + k;
+			it[s].count = 1;
+			it[s].logits = 1;
+			tok[s] = k ? ids[s] : rand_token();
+		}
+		if (drv_step(&D, B, it, tok, &err) != G4_OK || drv_argmax(&D, ids, &err) != G4_OK)
+			die(&err, "decode step");
+	}
+	{
+		double		dt = (g4_now() - t0) / steps;
+
+		for (s = 0; s < B; s++)
+			drv_release(&D, s, ctx + steps + 3);
+		*bytes_per_step = (double) D.m->weight_bytes + (double) B * kv_read_bytes(ctx + 3 + steps / 2);
+		return dt;
+	}
+}
+
+static void
+bench_decode(void)
+{
+	static const int cfg[][2] = {{1, 2048}, {1, 32768}, {16, 2048}, {16, 32768}, {64, 2048}, {64, 32768}};
+	size_t		i;
+
+	for (i = 0; i < G4_ARRAY_LEN(cfg); i++)
+	{
+		int			B = cfg[i][0],
+					ctx = cfg[i][1];
+		double		bytes;
+		double		dt = decode_run(B, ctx, B == 1 ? 64 : 24, 1, &bytes);
+
+		printf("BENCH decode kv=%s batch=%d ctx=%d graphs=1 ms_per_step=%.3f tok_s=%.1f bytes_per_step=%.3e "
+			   "achieved_TBs=%.3f floor_ms=%.3f\n", kv_name(kv_dtype), B, ctx, dt * 1e3, B / dt, bytes,
+			   bytes / dt / 1e12, bytes / 4.3e12 * 1e3);
+		note("decode B=%-3d ctx=%-6d %8.1f tok/s  %6.3f ms/step  %.2f TB/s (floor at 4.3 TB/s: %.3f ms)", B, ctx,
+			 B / dt, dt * 1e3, bytes / dt / 1e12, bytes / 4.3e12 * 1e3);
+		fflush(stdout);
+		if (B == 1 && ctx == 2048)
+		{
+			double		dt0 = decode_run(1, 2048, 32, 0, &bytes);
+
+			printf("BENCH decode kv=%s batch=1 ctx=2048 graphs=0 ms_per_step=%.3f tok_s=%.1f\n", kv_name(kv_dtype),
+				   dt0 * 1e3, 1.0 / dt0);
+			note("decode B=1   ctx=2048   %8.1f tok/s  %6.3f ms/step  without step graphs", 1.0 / dt0, dt0 * 1e3);
+		}
+	}
+}
+
+/* ---- prefill ----------------------------------------------------------------- */
+
+static double
+prefill_run(int P)
+{
+	int32_t    *tok = malloc((size_t) MAX_TOKENS * sizeof(int32_t));
+	int32_t		id;
+	g4_err		err;
+	double		t0;
+	int			p0;
+
+	D.use_graphs = 0;
+	t0 = g4_now();
+	for (p0 = 0; p0 < P; p0 += MAX_TOKENS)
+	{
+		drv_item	it;
+		int			i;
+
+		it.slot = 0;
+		it.start = p0;
+		it.count = G4_MIN(MAX_TOKENS, P - p0);
+		it.logits = p0 + it.count == P;
+		for (i = 0; i < it.count; i++)
+			tok[i] = rand_token();
+		if (drv_step(&D, 1, &it, tok, &err) != G4_OK)
+			die(&err, "prefill step");
+	}
+	if (drv_argmax(&D, &id, &err) != G4_OK)
+		die(&err, "prefill logits");
+	t0 = g4_now() - t0;
+	drv_release(&D, 0, P);
+	free(tok);
+	return t0;
+}
+
+static void
+bench_prefill(void)
+{
+	static const int lens[] = {2048, 32768};
+	size_t		i;
+
+	prefill_run(2048);			/* warm-up: scratch buffers, module loading */
+	for (i = 0; i < G4_ARRAY_LEN(lens); i++)
+	{
+		double		best = 1e30;
+		int			r;
+
+		for (r = 0; r < (lens[i] <= 2048 ? 3 : 1); r++)
+		{
+			double		t = prefill_run(lens[i]);
+
+			best = t < best ? t : best;
+		}
+		printf("BENCH prefill kv=%s tokens=%d ttft_s=%.4f tok_s=%.1f\n", kv_name(kv_dtype), lens[i], best,
+			   lens[i] / best);
+		note("prefill %6d tokens  %8.1f tok/s  time to first token %.3f s", lens[i], lens[i] / best, best);
+		fflush(stdout);
+	}
+}
+
+/* ---- per-operation breakdown --------------------------------------------------- */
+
+typedef struct
+{
+	const char *name;
+	double		us;
+	double		bytes;
+	int			per_step;		/* times per step */
+} op_time;
+
+static double
+time_op(int reps, void (*fn) (void *), void *arg)
+{
+	g4_err		err;
+	double		t0;
+	int			r;
+
+	fn(arg);
+	if (be->ops->sync(be, &err) != G4_OK)
+		die(&err, "op");
+	t0 = g4_now();
+	for (r = 0; r < reps; r++)
+		fn(arg);
+	if (be->ops->sync(be, &err) != G4_OK)
+		die(&err, "op");
+	return (g4_now() - t0) / reps * 1e6;
+}
+
+typedef struct
+{
+	int			what;
+	int			layer;
+	int			n;
+	const g4_weight *w;
+	const float *in;			/* matmul operands: workspace buffers of the right size */
+	float	   *out;
+} op_arg;
+
+enum
+{
+	OP_MATMUL, OP_RMSNORM, OP_QNORM, OP_KNORM, OP_STORE, OP_ATTN, OP_GEGLU, OP_ADDNORM, OP_EMBED, OP_SOFTCAP,
+	OP_GATHER
+};
+
+static void
+run_op(void *p)
+{
+	op_arg	   *a = p;
+	const g4_layer *ly = &D.m->layers[a->layer];
+	const g4_model_config *c = &D.m->cfg;
+	const g4_kv_layer *kv = &ly->kv;
+	int			stride = ly->q_dim + ly->kv_dim * (kv->k_eq_v ? 1 : 2);
+	int			n = a->n;
+
+	switch (a->what)
+	{
+		case OP_MATMUL:
+			be->ops->matmul(be, a->w, a->in, n, a->out);
+			break;
+		case OP_RMSNORM:
+			be->ops->rmsnorm(be, D.ws.x, ly->attn_norm, n, c->hidden_size, 1e-6f, D.ws.h);
+			break;
+		case OP_QNORM:
+			be->ops->head_norm_rope(be, D.ws.qkv, n, stride, c->n_heads, kv->head_dim, ly->q_norm, 1e-6f, kv->inv_freq);
+			break;
+		case OP_KNORM:
+			be->ops->head_norm_rope(be, D.ws.qkv + ly->q_dim, n, stride, kv->n_kv_heads, kv->head_dim, ly->k_norm, 1e-6f,
+									kv->inv_freq);
+			break;
+		case OP_STORE:
+			if (kv->k_eq_v)
+				be->ops->kv_store(be, kv, NULL, 0, D.ws.qkv + ly->q_dim, stride, n);
+			else
+				be->ops->kv_store(be, kv, D.ws.qkv + ly->q_dim, stride, D.ws.qkv + ly->q_dim + ly->kv_dim, stride, n);
+			break;
+		case OP_ATTN:
+			be->ops->attention(be, kv, D.ws.qkv, stride, n, D.ws.attn);
+			break;
+		case OP_GEGLU:
+			be->ops->geglu(be, D.ws.gu, G4_MIN(n, D.ws.mlp_rows), c->intermediate_size, D.ws.act);
+			break;
+		case OP_ADDNORM:
+			be->ops->add_rmsnorm(be, D.ws.x, D.ws.h, ly->post_attn_norm, n, c->hidden_size, 1e-6f, 1.0f);
+			break;
+		case OP_EMBED:
+			be->ops->embed(be, D.m->embed, D.m->embed_scale, D.ws.x);
+			break;
+		case OP_SOFTCAP:
+			be->ops->softcap(be, D.ws.logits, (size_t) D.n_logits * (size_t) c->vocab_size, 30.0f);
+			break;
+		case OP_GATHER:
+			be->ops->gather_logit_rows(be, D.ws.x, c->hidden_size, D.ws.lx);
+			break;
+	}
+}
+
+/* Set up a step of n tokens (n sequences at context ctx when n <= 64, else
+ * one prefill chunk), run it once, then time its operations one by one. */
+static void
+breakdown(int n, int ctx)
+{
+	const g4_model_config *c = &D.m->cfg;
+	int			sl = -1,
+				fu = -1;
+	int			i;
+	int32_t    *tok = malloc((size_t) n * sizeof(int32_t));
+	drv_item	it[64];
+	int			n_items = n <= 64 ? n : 1;
+	g4_err		err;
+	double		total = 0;
+	op_time		t[32];
+	int			nt = 0;
+	int			layers[2] = {0, 0};
+	char		label[64];
+
+	for (i = 0; i < c->n_layers; i++)
+	{
+		layers[c->layer_full[i]]++;
+		if (c->layer_full[i] && fu < 0)
+			fu = i;
+		if (!c->layer_full[i] && sl < 0)
+			sl = i;
+	}
+	for (i = 0; i < n; i++)
+		tok[i] = rand_token();
+	for (i = 0; i < n_items; i++)
+	{
+		if (n <= 64 && drv_reserve(&D, i, ctx, &err) != G4_OK)
+			die(&err, "reserve");
+		it[i].slot = i;
+		it[i].start = n <= 64 ? ctx : 0;
+		it[i].count = n <= 64 ? 1 : n;
+		it[i].logits = 1;
+	}
+	D.use_graphs = 0;
+	if (drv_step(&D, n_items, it, tok, &err) != G4_OK || be->ops->sync(be, &err) != G4_OK)
+		die(&err, "breakdown step");
+	/* the same step again so the metadata stays in place */
+	if (drv_step(&D, n_items, it, tok, &err) != G4_OK || be->ops->sync(be, &err) != G4_OK)
+		die(&err, "breakdown step");
+	{
+		static const struct
+		{
+			const char *name;
+			int			what;
+			int			kind;	/* 0 sliding layer, 1 full layer, 2 once per step */
+		}			ops[] = {
+			{"rmsnorm (x2/layer)", OP_RMSNORM, 0},
+			{"matmul qkv sliding", OP_MATMUL, 10},
+			{"matmul qkv full", OP_MATMUL, 11},
+			{"q norm+rope sliding", OP_QNORM, 0},
+			{"q norm+rope full", OP_QNORM, 1},
+			{"k norm+rope sliding", OP_KNORM, 0},
+			{"k norm full", OP_KNORM, 1},
+			{"kv_store sliding", OP_STORE, 0},
+			{"kv_store full", OP_STORE, 1},
+			{"attention sliding", OP_ATTN, 0},
+			{"attention full", OP_ATTN, 1},
+			{"matmul o sliding", OP_MATMUL, 20},
+			{"matmul o full", OP_MATMUL, 21},
+			{"add_rmsnorm (x2/layer)", OP_ADDNORM, 0},
+			{"matmul gate_up", OP_MATMUL, 30},
+			{"geglu", OP_GEGLU, 0},
+			{"matmul down", OP_MATMUL, 40},
+			{"embed", OP_EMBED, 2},
+			{"gather logit rows", OP_GATHER, 2},
+			{"matmul lm head", OP_MATMUL, 50},
+			{"softcap", OP_SOFTCAP, 2},
+		};
+		size_t		k;
+
+		for (k = 0; k < G4_ARRAY_LEN(ops); k++)
+		{
+			op_arg		a;
+			int			per;
+			double		bytes = 0;
+
+			memset(&a, 0, sizeof(a));
+			a.what = ops[k].what;
+			a.n = n;
+			a.layer = (ops[k].kind % 10 == 1 || ops[k].kind == 1) ? fu : sl;
+			per = ops[k].kind == 2 ? 1 : layers[(ops[k].kind % 10 == 1 || ops[k].kind == 1) ? 1 : 0];
+			if (ops[k].what == OP_RMSNORM || ops[k].what == OP_ADDNORM)
+				per = 2 * c->n_layers;
+			if (ops[k].what == OP_GEGLU)
+				per = c->n_layers;
+			if (ops[k].what == OP_MATMUL)
+			{
+				const g4_layer *ly = &D.m->layers[a.layer];
+
+				switch (ops[k].kind / 10)
+				{
+					case 1:
+						a.w = ly->qkv;
+						a.in = D.ws.h;
+						a.out = D.ws.qkv;
+						break;
+					case 2:
+						a.w = ly->o;
+						a.in = D.ws.attn;
+						a.out = D.ws.h;
+						break;
+					case 3:
+						a.w = ly->gate_up;
+						a.in = D.ws.h;
+						a.out = D.ws.gu;
+						a.n = G4_MIN(n, D.ws.mlp_rows);
+						per = c->n_layers * G4_DIV_UP(n, D.ws.mlp_rows);
+						break;
+					case 4:
+						a.w = ly->down;
+						a.in = D.ws.act;
+						a.out = D.ws.h;
+						a.n = G4_MIN(n, D.ws.mlp_rows);
+						per = c->n_layers * G4_DIV_UP(n, D.ws.mlp_rows);
+						break;
+					default:
+						a.w = D.m->embed;
+						a.in = D.ws.lx;
+						a.out = D.ws.logits;
+						a.n = n_items;
+						per = 1;
+				}
+				bytes = (double) be->ops->weight_bytes(a.w);
+			}
+			t[nt].name = ops[k].name;
+			t[nt].us = time_op(n <= 64 ? 50 : 5, run_op, &a);
+			t[nt].bytes = bytes;
+			t[nt].per_step = per;
+			total += t[nt].us * per;
+			nt++;
+		}
+	}
+	snprintf(label, sizeof(label), n <= 64 ? "decode n=%d ctx=%d" : "prefill chunk n=%d", n, ctx);
+	for (i = 0; i < nt; i++)
+	{
+		printf("BENCH op step=\"%s\" op=\"%s\" us=%.2f per_step=%d us_per_step=%.1f share=%.3f", label, t[i].name,
+			   t[i].us, t[i].per_step, t[i].us * t[i].per_step, t[i].us * t[i].per_step / total);
+		if (t[i].bytes > 0)
+			printf(" weight_GBs=%.0f", t[i].bytes / (t[i].us * 1e-6) / 1e9);
+		printf("\n");
+	}
+	printf("BENCH op step=\"%s\" op=\"sum of operations\" us_per_step=%.1f\n", label, total);
+	note("ops %s: sum of single kernels %.3f ms/step", label, total / 1e3);
+	if (n <= 64)
+		for (i = 0; i < n_items; i++)
+			drv_release(&D, i, ctx + 1);
+	free(tok);
+}
+
+/* ---- capacity ---------------------------------------------------------------- */
+
+static void
+bench_capacity(void)
+{
+	static const int dtypes[] = {G4_KV_BF16, G4_KV_TURBOQUANT_K8V4};
+	size_t		k;
+
+	for (k = 0; k < G4_ARRAY_LEN(dtypes); k++)
+	{
+		g4_err		err;
+		int64_t		fit = 0;
+		int			seqs = 1;
+		int			s;
+		char		name[128];
+		size_t		free_b,
+					total;
+		double		left;
+
+		/* the pool reserves sliding-window room for max_seqs sequences and
+		 * gives the rest to the full group: find the largest max_seqs whose
+		 * pool fits that many full-length sequences (binary search) */
+		{
+			int			lo = 1,
+						hi = MAX_SEQS;
+
+			while (lo <= hi)
+			{
+				int			mid = (lo + hi) / 2;
+
+				g4_kvpool_free(&D.kv);
+				be->ops->device_info(be, name, sizeof(name), &free_b, &total);
+				left = 0.95 * (double) total - (double) (total - free_b) - (double) (512 << 20);
+				if (g4_kvpool_init(&D.kv, D.m, dtypes[k], left > 0 ? (size_t) left : 0, mid, MAX_LEN, MAX_TOKENS,
+								   &err) != G4_OK)
+					die(&err, "capacity pool");
+				fit = g4_kvpool_fit(&D.kv, MAX_LEN);
+				if (fit >= mid)
+				{
+					seqs = mid;
+					lo = mid + 1;
+				}
+				else
+					hi = mid - 1;
+			}
+			g4_kvpool_free(&D.kv);
+			be->ops->device_info(be, name, sizeof(name), &free_b, &total);
+			left = 0.95 * (double) total - (double) (total - free_b) - (double) (512 << 20);
+			if (g4_kvpool_init(&D.kv, D.m, dtypes[k], left > 0 ? (size_t) left : 0, seqs, MAX_LEN, MAX_TOKENS, &err) !=
+				G4_OK)
+				die(&err, "capacity pool");
+			fit = g4_kvpool_fit(&D.kv, MAX_LEN);
+		}
+		kv_dtype = dtypes[k];
+		printf("BENCH capacity kv=%s pool_GB=%.2f full_blocks=%d sliding_blocks=%d predicted_full_262k_seqs=%lld\n",
+			   kv_name(dtypes[k]), (double) D.kv.bytes_total / 1e9, D.kv.n_blocks[G4_KVG_FULL],
+			   D.kv.n_blocks[G4_KVG_SLIDING], (long long) fit);
+		fflush(stdout);
+		if (fit > MAX_SEQS)
+			fit = MAX_SEQS;
+		for (s = 0; s < fit; s++)
+			if (drv_reserve(&D, s, MAX_LEN - 2, &err) != G4_OK)
+			{
+				printf("BENCH capacity kv=%s reserve_failed_at=%d (%s)\n", kv_name(dtypes[k]), s, err.msg);
+				break;
+			}
+		{
+			drv_item	it[MAX_SEQS];
+			int32_t		tok[MAX_SEQS],
+						ids[MAX_SEQS];
+			int			n = s,
+						step;
+			double		t0 = 0,
+						dt;
+
+			D.use_graphs = 0;
+			for (step = 0; step < 2; step++)
+			{
+				int			i;
+
+				if (step == 1)
+					t0 = g4_now();
+				for (i = 0; i < n; i++)
+				{
+					it[i].slot = i;
+					it[i].start = MAX_LEN - 2 + step;
+					it[i].count = 1;
+					it[i].logits = 1;
+					tok[i] = step ? ids[i] : rand_token();
+				}
+				if (drv_step(&D, n, it, tok, &err) != G4_OK || drv_argmax(&D, ids, &err) != G4_OK)
+					die(&err, "capacity decode");
+			}
+			dt = g4_now() - t0;
+			printf("BENCH capacity kv=%s running_full_262k_seqs=%d decode_step_s=%.3f tok_s=%.1f kv_read_GB=%.1f\n",
+				   kv_name(dtypes[k]), n, dt, n / dt, n * kv_read_bytes(MAX_LEN) / 1e9);
+			note("capacity %s: %d of %lld predicted 262k-token sequences decoded together, %.3f s/step",
+				 kv_name(dtypes[k]), n, (long long) fit, dt);
+			for (s = 0; s < n; s++)
+				drv_release(&D, s, MAX_LEN);
+		}
+		fflush(stdout);
+	}
+}
+
+int
+main(int argc, char **argv)
+{
+	const char *model = NULL;
+	const char *what = "ops,decode,prefill,capacity";
+	g4_err		err;
+	int			i;
+	char		name[256];
+	size_t		free_b,
+				total;
+
+	for (i = 1; i < argc; i++)
+	{
+		if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
+			model = argv[++i];
+		else if (strcmp(argv[i], "--what") == 0 && i + 1 < argc)
+			what = argv[++i];
+		else if (strcmp(argv[i], "--kv") == 0 && i + 1 < argc)
+		{
+			i++;
+			kv_dtype = strcmp(argv[i], "bf16") == 0 ? G4_KV_BF16 : G4_KV_TURBOQUANT_K8V4;
+		}
+	}
+	if (!model)
+	{
+		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq]\n");
+		return 2;
+	}
+	if (g4_backend_cuda_create(0, &be, &err) != G4_OK)
+		die(&err, "cuda");
+	/* a 40 GB pool for the throughput runs; capacity re-sizes it */
+	if (drv_open(&D, model, be, kv_dtype, (size_t) 40 << 30, MAX_SEQS, MAX_LEN, MAX_TOKENS, &err) != G4_OK)
+		die(&err, "open");
+	be->ops->device_info(be, name, sizeof(name), &free_b, &total);
+	printf("BENCH setup device=\"%s\" weights_GB=%.3f workspace_GB=%.2f kv_pool_GB=%.2f load_s=%.1f free_GB=%.1f\n",
+		   name, (double) D.m->weight_bytes / 1e9, (double) D.ws.bytes / 1e9, (double) D.kv.bytes_total / 1e9,
+		   D.open_secs, (double) free_b / 1e9);
+	fflush(stdout);
+	if (strstr(what, "ops"))
+	{
+		breakdown(1, 2048);
+		breakdown(64, 2048);
+		breakdown(2048, 0);
+	}
+	if (strstr(what, "decode"))
+		bench_decode();
+	if (strstr(what, "prefill"))
+		bench_prefill();
+	if (strstr(what, "capacity"))
+		bench_capacity();
+	printf("\n== bench-gpu summary (%s, kv %s) ==\n", name, kv_name(kv_dtype));
+	for (i = 0; i < n_summary; i++)
+		printf("  %s\n", summary[i]);
+	drv_close(&D);
+	be->ops->destroy(be);
+	return 0;
+}

@@ -1,0 +1,474 @@
+/*
+ * test_gpu_model.c — the CUDA backend end to end on the tiny fixture model
+ * (build/gemma4-make-model --preset tiny; G4_FIXTURE_MODEL):
+ *  - logits within the bound test_model.c states for the CPU (3 x the
+ *    distance of transformers' float32 run from its float64 run, + 1e-6)
+ *    and greedy continuations equal to transformers';
+ *  - 64 greedy tokens identical to the CPU backend's for every golden
+ *    prompt in each KV dtype (f32, bf16, turboquant_k8v4); with the f32
+ *    pool the first logits must also agree within the sum of both backends'
+ *    bounds against float64.  A bf16 or turboquant pool rounds each stored
+ *    element to a code: a value within float32 rounding of a code boundary
+ *    may take the neighbouring code on one backend (a 2^-8 relative step
+ *    for bf16), which moves the logits by ~1e-2 (kv_store itself is
+ *    byte-identical on identical inputs: test_gpu_ops.c); the difference is
+ *    reported, and a parting of the continuations must be a near tie (see
+ *    the test);
+ *  - step-graph replay and the device argmax give bit-identical logits and
+ *    the same tokens as plain issue and the host argmax.
+ * The fixture's matrices have at most 256 columns, so they run in exact
+ * float32 on the GPU (matmul_dense.cu) and its head sizes (16, 32) in the
+ * float32 attention kernel: the CPU's bound applies unchanged.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "step_driver.h"
+#include "test.h"
+#include "util.h"
+
+#define ERR_FACTOR 3.0
+#define ERR_FLOOR 1e-6
+#define N_CASES 5
+
+static const char *const case_names[N_CASES] = {"one_token", "short", "past_window", "long", "code"};
+
+#define NEED_GPU_FIXTURE() \
+	const char *model = h_fixture_model(); \
+	h_golden G; \
+	char why[512]; \
+	if (!g4_backend_cuda_available()) G4_SKIP("no CUDA device"); \
+	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set"); \
+	if (h_golden_load("model-tiny", &G, why, sizeof(why)) != 0) { CHECK_MSG(0, "golden: %s", why); }
+
+/* Run the golden text cases (64 greedy tokens each) on one backend. */
+static int
+run_cases(const char *model, const h_golden *G, int backend, int kv_dtype, int together, h_result *res, g4_err *err)
+{
+	g4_options	o;
+	g4_engine  *e;
+	h_run		run;
+	int32_t    *ids[N_CASES];
+	int			n_ids[N_CASES];
+	int			k,
+				rc;
+
+	h_options(&o, model);
+	o.backend = backend;
+	o.kv_dtype = kv_dtype;
+	rc = g4_open(&o, &e, err);
+	if (rc != G4_OK)
+		return rc;
+	memset(res, 0, sizeof(h_result) * N_CASES);
+	run.r = res;
+	run.n = 0;
+	h_attach(e, &run);
+	for (k = 0; k < N_CASES; k++)
+	{
+		const g4j  *c = h_golden_case(G, case_names[k]);
+		g4_request	req;
+		int			n_want;
+		int32_t    *want = h_ints(g4j_get(c, "greedy"), &n_want);
+
+		free(want);
+		ids[k] = h_ints(g4j_get(c, "ids"), &n_ids[k]);
+		h_token_request(&req, ids[k], n_ids[k], n_want);
+		run.n = k + 1;
+		rc = g4_submit(e, &req, &res[k].id, err);
+		if (rc == G4_OK && !together)
+			rc = h_drain(e, &run, 100000, err);
+		if (rc != G4_OK)
+			break;
+	}
+	if (rc == G4_OK)
+		rc = h_drain(e, &run, 100000, err);
+	for (k = 0; k < run.n; k++)
+		free(ids[k]);
+	g4_close(e);
+	return rc;
+}
+
+static void
+free_results(h_result *res)
+{
+	int			k;
+
+	for (k = 0; k < N_CASES; k++)
+		h_result_free(&res[k]);
+}
+
+G4_TEST(gpu_model_logits_and_greedy_match_transformers)
+{
+	h_result	res[N_CASES];
+	g4_err		err;
+	int			together;
+
+	NEED_GPU_FIXTURE();
+	for (together = 0; together <= 1; together++)
+	{
+		int			k;
+
+		CHECK_OK(run_cases(model, &G, G4_BACKEND_CUDA, G4_KV_F32, together, res, &err), &err);
+		for (k = 0; k < N_CASES; k++)
+		{
+			const g4j  *c = h_golden_case(&G, case_names[k]);
+			double		d64 = h_max_abs_diff(res[k].first_logits, G.data + g4j_get_int(c, "logits64_offset", 0),
+											 res[k].vocab, NULL);
+			double		ref_err = g4j_get_num(c, "fp32_vs_fp64", 0.0);
+			double		bound = ERR_FACTOR * ref_err + ERR_FLOOR;
+			int			n_want,
+						i,
+						same = 0;
+			int32_t    *want = h_ints(g4j_get(c, "greedy"), &n_want);
+
+			CHECK_MSG(!res[k].failed && res[k].first_logits, "%s: %s", case_names[k], res[k].error);
+			for (i = 0; i < n_want && i < res[k].n_tokens; i++)
+				same += res[k].tokens[i] == want[i];
+			printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", "model(tiny)", case_names[k], d64, bound,
+				   d64 <= bound ? "ok" : "FAIL");
+			printf("PARITY %-18s | %-44s | %10d | %8d | %s\n", "greedy vs hf", case_names[k], n_want - same, 0,
+				   same == n_want && res[k].n_tokens == n_want ? "ok" : "FAIL");
+			CHECK_MSG(d64 <= bound, "%s: GPU logits %.3g from float64 (bound %.3g)", case_names[k], d64, bound);
+			CHECK_MSG(same == n_want && res[k].n_tokens == n_want, "%s: %d of %d greedy tokens equal transformers'",
+					  case_names[k], same, n_want);
+			free(want);
+		}
+		free_results(res);
+	}
+	h_golden_free(&G);
+}
+
+/* Every step's logits and token of each golden case, for the CPU / GPU
+ * comparison. */
+typedef struct
+{
+	uint64_t	id[N_CASES];
+	int			n_tok[N_CASES];
+	int32_t		tok[N_CASES][64];
+	float	   *logits[N_CASES];	/* [64][vocab] */
+	int			n_logits[N_CASES];
+	int			finished[N_CASES];
+	int			vocab;
+} trace;
+
+static int
+trace_case(trace *t, uint64_t id)
+{
+	int			k;
+
+	for (k = 0; k < N_CASES; k++)
+		if (t->id[k] == id)
+			return k;
+	return -1;
+}
+
+static void
+trace_logits(void *ctx, uint64_t id, const float *logits, int vocab)
+{
+	trace	   *t = ctx;
+	int			k = trace_case(t, id);
+
+	if (k < 0 || t->n_logits[k] >= 64)
+		return;
+	if (!t->logits[k])
+		t->logits[k] = malloc((size_t) 64 * (size_t) vocab * sizeof(float));
+	t->vocab = vocab;
+	if (t->logits[k])
+		memcpy(t->logits[k] + (size_t) t->n_logits[k]++ * (size_t) vocab, logits, (size_t) vocab * sizeof(float));
+}
+
+static void
+trace_token(void *ctx, uint64_t id, int32_t token)
+{
+	trace	   *t = ctx;
+	int			k = trace_case(t, id);
+
+	if (k >= 0 && t->n_tok[k] < 64)
+		t->tok[k][t->n_tok[k]++] = token;
+}
+
+static void
+trace_event(void *ctx, const g4_event *ev)
+{
+	trace	   *t = ctx;
+	int			k = trace_case(t, ev->seq_id);
+
+	if (k >= 0 && (ev->kind == G4_EV_FINISH || ev->kind == G4_EV_ERROR))
+		t->finished[k] = 1 + (ev->kind == G4_EV_ERROR);
+}
+
+static int
+trace_run(const char *model, const h_golden *G, int backend, int kv_dtype, trace *t, g4_err *err)
+{
+	g4_options	o;
+	g4_engine  *e;
+	int32_t    *ids[N_CASES];
+	int			k,
+				rc,
+				steps = 0;
+
+	memset(t, 0, sizeof(*t));
+	h_options(&o, model);
+	o.backend = backend;
+	o.kv_dtype = kv_dtype;
+	rc = g4_open(&o, &e, err);
+	if (rc != G4_OK)
+		return rc;
+	g4_set_hooks(e, trace_logits, trace_token, t);
+	for (k = 0; k < N_CASES; k++)
+	{
+		const g4j  *c = h_golden_case(G, case_names[k]);
+		g4_request	req;
+		int			n_ids;
+
+		ids[k] = h_ints(g4j_get(c, "ids"), &n_ids);
+		h_token_request(&req, ids[k], n_ids, 64);
+		rc = g4_submit(e, &req, &t->id[k], err);
+		if (rc != G4_OK)
+			break;
+	}
+	for (;;)
+	{
+		int			done = 1;
+
+		for (k = 0; k < N_CASES; k++)
+			done &= t->finished[k] != 0;
+		if (done || rc != G4_OK || steps++ > 10000)
+			break;
+		rc = g4_step(e, trace_event, t, err);
+		if (rc > 0)
+			rc = G4_OK;
+	}
+	for (k = 0; k < N_CASES; k++)
+		free(ids[k]);
+	g4_close(e);
+	return rc < 0 ? rc : G4_OK;
+}
+
+static void
+trace_free(trace *t)
+{
+	int			k;
+
+	for (k = 0; k < N_CASES; k++)
+		free(t->logits[k]);
+}
+
+/*
+ * With the f32 pool the tokens must be identical.  A bf16 or turboquant
+ * pool may store a different code for a value within float32 rounding of a
+ * code boundary, which perturbs the logits (the fixture's span about ±4) by
+ * the effect of a few code steps: at most 0.05 (bf16) / 0.15 (turboquant,
+ * int4 value steps are 1/7 of a group's maximum) at the first step and
+ * wherever the continuations part, where the CPU's margin between the two
+ * choices then lies within twice that perturbation (a near tie).  A wrong
+ * decoding or indexing would move logits by O(1).  Every parting is printed
+ * with its margin and perturbation.
+ */
+G4_TEST(gpu_model_greedy_matches_cpu_every_kv_dtype)
+{
+	static const char *const dn[] = {"f32", "bf16", "turboquant_k8v4"};
+	g4_err		err;
+	int			dtype;
+
+	NEED_GPU_FIXTURE();
+	for (dtype = G4_KV_F32; dtype <= G4_KV_TURBOQUANT_K8V4; dtype++)
+	{
+		trace	   *gt = calloc(1, sizeof(trace)),
+				   *ct = calloc(1, sizeof(trace));
+		int			k;
+
+		CHECK_OK(trace_run(model, &G, G4_BACKEND_CUDA, dtype, gt, &err), &err);
+		CHECK_OK(trace_run(model, &G, G4_BACKEND_CPU, dtype, ct, &err), &err);
+		for (k = 0; k < N_CASES; k++)
+		{
+			char		label[96];
+			int			i,
+						first = -1,
+						V = ct->vocab;
+			double		dl;
+
+			CHECK_MSG(gt->finished[k] == 1 && ct->finished[k] == 1 && gt->logits[k] && ct->logits[k],
+					  "%s %s: a run failed", dn[dtype], case_names[k]);
+			for (i = 0; i < gt->n_tok[k] && i < ct->n_tok[k] && first < 0; i++)
+				if (gt->tok[k][i] != ct->tok[k][i])
+					first = i;
+			if (first < 0 && gt->n_tok[k] != ct->n_tok[k])
+				first = G4_MIN(gt->n_tok[k], ct->n_tok[k]);
+			dl = h_max_abs_diff(gt->logits[k], ct->logits[k], V, NULL);
+			snprintf(label, sizeof(label), "%s %s first logits max|gpu-cpu|", dn[dtype], case_names[k]);
+			if (dtype == G4_KV_F32)
+			{
+				const g4j  *c = h_golden_case(&G, case_names[k]);
+				double		bound = 2.0 * (ERR_FACTOR * g4j_get_num(c, "fp32_vs_fp64", 0.0) + ERR_FLOOR);
+
+				printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", "logits vs cpu", label, dl, bound,
+					   dl <= bound ? "ok" : "FAIL");
+				CHECK_MSG(dl <= bound, "%s %s: first logits differ by %.3g (bound %.3g)", dn[dtype], case_names[k], dl,
+						  bound);
+			}
+			else
+			{
+				double		pmax = dtype == G4_KV_BF16 ? 0.05 : 0.15;
+
+				printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", "logits vs cpu", label, dl, pmax,
+					   dl <= pmax ? "ok" : "FAIL");
+				CHECK_MSG(dl <= pmax, "%s %s: first logits differ by %.3g", dn[dtype], case_names[k], dl);
+			}
+			snprintf(label, sizeof(label), "%s %s (%d tokens; tokens differing)", dn[dtype], case_names[k],
+					 ct->n_tok[k]);
+			if (first < 0)
+				printf("PARITY %-18s | %-44s | %10d | %8d | ok\n", "greedy vs cpu", label, 0, 0);
+			else
+			{
+				int			ok = 0;
+
+				if (dtype != G4_KV_F32 && first < gt->n_logits[k] && first < ct->n_logits[k] && first < gt->n_tok[k] &&
+					first < ct->n_tok[k])
+				{
+					const float *lc = ct->logits[k] + (size_t) first * V;
+					const float *lg = gt->logits[k] + (size_t) first * V;
+					double		margin = fabs((double) lc[ct->tok[k][first]] - (double) lc[gt->tok[k][first]]);
+					double		pert = h_max_abs_diff(lg, lc, V, NULL);
+
+					ok = pert <= (dtype == G4_KV_BF16 ? 0.05 : 0.15) && margin <= 2.0 * pert;
+					printf("FIGURE %-18s | %s %s: tokens part at step %d; CPU margin %.3e between the choices, "
+						   "logit difference there %.3e (%s)\n", "greedy vs cpu", dn[dtype], case_names[k], first,
+						   margin, pert, ok ? "a near tie" : "NOT a near tie");
+				}
+				printf("PARITY %-18s | %-44s | %10d | %8d | %s\n", "greedy vs cpu", label,
+					   ct->n_tok[k] - first, 0, ok ? "ok (tie)" : "FAIL");
+				CHECK_MSG(ok, "%s %s: greedy tokens part from the CPU's at step %d", dn[dtype], case_names[k], first);
+			}
+		}
+		trace_free(gt);
+		trace_free(ct);
+		free(gt);
+		free(ct);
+	}
+	h_golden_free(&G);
+}
+
+/* Three sequences: prompts of 5, 40 and 17 tokens, then 40 decode steps of
+ * all three, plain or through step graphs. */
+static int
+graph_run(const char *model, int use_graphs, int device_argmax, float **logits_out, int32_t *toks_out, g4_err *err)
+{
+	g4_backend *be;
+	drv			d;
+	int			rc;
+	int			lens[3] = {5, 40, 17};
+	int			V;
+	int			s,
+				step,
+				row;
+	int32_t		tok[64];
+	drv_item	it[3];
+	int32_t		next[3];
+	float	   *all;
+
+	rc = g4_backend_cuda_create(0, &be, err);
+	if (rc != G4_OK)
+		return rc;
+	rc = drv_open(&d, model, be, G4_KV_TURBOQUANT_K8V4, (size_t) 64 << 20, 4, 4096, 64, err);
+	if (rc != G4_OK)
+	{
+		drv_close(&d);
+		be->ops->destroy(be);
+		return rc;
+	}
+	d.use_graphs = use_graphs;
+	V = d.m->cfg.vocab_size;
+	all = malloc((size_t) 41 * 3 * (size_t) V * sizeof(float));
+	row = 0;
+	for (s = 0; s < 3; s++)
+	{
+		int			i;
+
+		it[s].slot = s;
+		it[s].start = 0;
+		it[s].count = lens[s];
+		it[s].logits = 1;
+		for (i = 0; i < lens[s]; i++)
+			tok[row++] = (int32_t) ((s * 7919 + i * 104729) % (V - 10) + 5);
+	}
+	for (step = 0; step <= 40 && rc == G4_OK; step++)
+	{
+		rc = drv_step(&d, 3, it, tok, err);
+		if (rc == G4_OK)
+			rc = drv_logits(&d, all + (size_t) step * 3 * (size_t) V, err);
+		if (rc != G4_OK)
+			break;
+		if (device_argmax)
+			rc = drv_argmax(&d, next, err);
+		else
+			for (s = 0; s < 3; s++)
+			{
+				const float *l = all + ((size_t) step * 3 + (size_t) s) * (size_t) V;
+				int			j,
+							best = 0;
+
+				const g4_model_config *c = &d.m->cfg;
+
+				for (j = 1; j < V; j++)
+				{
+					int			q,
+								sup = 0;
+
+					for (q = 0; q < c->n_suppress; q++)
+						sup |= c->suppress_ids[q] == j;
+					if (!sup && l[j] > l[best])
+						best = j;
+				}
+				next[s] = best;
+			}
+		for (s = 0; s < 3; s++)
+		{
+			toks_out[step * 3 + s] = next[s];
+			it[s].start += it[s].count;
+			it[s].count = 1;
+			tok[s] = next[s];
+		}
+	}
+	*logits_out = all;
+	drv_close(&d);
+	be->ops->destroy(be);
+	return rc;
+}
+
+G4_TEST(gpu_model_step_graphs_and_device_argmax)
+{
+	float	   *la = NULL,
+			   *lb = NULL;
+	int32_t		ta[41 * 3],
+				tb[41 * 3];
+	g4_err		err;
+	size_t		n,
+				i,
+				differ = 0;
+	int			tdiff = 0,
+				k;
+	g4_model_config cfg;
+
+	NEED_GPU_FIXTURE();
+	h_golden_free(&G);
+	CHECK_OK(g4_config_load_hf(model, &cfg, &err), &err);
+	CHECK_OK(graph_run(model, 0, 0, &la, ta, &err), &err);
+	CHECK_OK(graph_run(model, 1, 1, &lb, tb, &err), &err);
+	n = (size_t) 41 * 3 * (size_t) cfg.vocab_size;
+	for (i = 0; i < n; i++)
+		differ += memcmp(&la[i], &lb[i], 4) != 0;
+	for (k = 0; k < 41 * 3; k++)
+		tdiff += ta[k] != tb[k];
+	printf("PARITY %-18s | %-44s | %10zu | %8d | %s\n", "step graphs", "tiny, 3 seqs x 41 steps (logits differing)",
+		   differ, 0, differ ? "FAIL" : "ok");
+	printf("PARITY %-18s | %-44s | %10d | %8d | %s\n", "device argmax", "tiny, 3 seqs x 41 steps (tokens differing)",
+		   tdiff, 0, tdiff ? "FAIL" : "ok");
+	CHECK_MSG(differ == 0, "%zu logits differ between graph replay and plain issue", differ);
+	CHECK_MSG(tdiff == 0, "%d tokens differ between the device and host argmax", tdiff);
+	free(la);
+	free(lb);
+}
