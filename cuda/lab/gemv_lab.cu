@@ -18,6 +18,8 @@
  * conflict (in the plain layout all 32 lanes of a warp read the same bank).
  * Checked against a plain float64 reference kernel on random data; timed
  * with events over rotating weight copies larger than the L2.
+ * Outcome (test/bench/RESULTS.md): 0.4-1.2 TB/s, slower than the engine's
+ * tensor-core GEMV; kept to measure the next design against.
  *
  *   nvcc -O3 -gencode arch=compute_90,code=sm_90 -o gemv-lab cuda/lab/gemv_lab.cu && ./gemv-lab
  */
