@@ -121,12 +121,12 @@ decode_elems(const uint8_t *hb, int off, int hd, int d0, bool k, bool k_eq_v, fl
 		load_bytes<E * 2>(reinterpret_cast<const uint8_t *>(p), reinterpret_cast<uint8_t *>(v));
 #pragma unroll
 		for (int e = 0; e < E; e++)
-			x[e] = g4c_bf16_to_f32(v[e]);
+			x[e] = g4_bf16_to_f32(v[e]);
 	}
 	else if (k || k_eq_v)
 	{
 		int8_t		v[E];
-		float		s = g4c_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_kscale_off(hd) + 2 * (size_t) off));
+		float		s = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_kscale_off(hd) + 2 * (size_t) off));
 
 		load_bytes<E>(hb + (size_t) off * hd + d0, reinterpret_cast<uint8_t *>(v));
 #pragma unroll
@@ -142,7 +142,7 @@ decode_elems(const uint8_t *hb, int off, int hd, int d0, bool k, bool k_eq_v, fl
 		if constexpr (E >= 2)
 		{
 			uint8_t		v[E / 2];
-			float		s = g4c_f16_to_f32(vs[d0 / G]);	/* E divides G */
+			float		s = g4_f16_to_f32(vs[d0 / G]);	/* E divides G */
 
 			load_bytes<E / 2>(vq + d0 / 2, v);
 #pragma unroll
@@ -155,7 +155,7 @@ decode_elems(const uint8_t *hb, int off, int hd, int d0, bool k, bool k_eq_v, fl
 		else
 		{
 			uint8_t		b = vq[d0 / 2];
-			float		s = g4c_f16_to_f32(vs[d0 / G]);
+			float		s = g4_f16_to_f32(vs[d0 / G]);
 
 			x[0] = __fmul_rn((float) ((int) ((b >> (4 * (d0 & 1))) & 15) - 8), s);
 		}
@@ -553,7 +553,7 @@ tc_load_raw(const attn_args &a, int slot, int g, int b, tc_raw<HD, DT, KEQV, RG>
 	if (!hb)
 		return;
 	if (DT == G4_KV_TURBOQUANT_K8V4)
-		raw.ks = g4c_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_kscale_off(HD) + 2 * j));
+		raw.ks = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_kscale_off(HD) + 2 * j));
 #pragma unroll
 	for (int i = 0; i < G::PPT; i++)
 	{
@@ -568,7 +568,7 @@ tc_load_raw(const attn_args &a, int slot, int g, int b, tc_raw<HD, DT, KEQV, RG>
 			const int	GR = HD < G4_KV_V4_GROUP_MAX ? HD : G4_KV_V4_GROUP_MAX;
 
 			load_bytes<4>(hb + g4c_tq_v_off(HD) + (size_t) j * (HD / 2) + d / 2, raw.v[i]);
-			raw.vs[i] = g4c_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_vscale_off(HD) + (size_t) j * (HD / GR) * 2 + (size_t) (d / GR) * 2));
+			raw.vs[i] = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_vscale_off(HD) + (size_t) j * (HD / GR) * 2 + (size_t) (d / GR) * 2));
 		}
 		else
 			load_bytes<8 * G::EB>(hb + (size_t) (G4_KV_BLOCK_TOKENS + j) * HD * G::EB + (size_t) d * G::EB, raw.v[KEQV ? 0 : i]);
@@ -582,7 +582,7 @@ raw_elem(const uint8_t *p, int e, float s)
 	if (DT == G4_KV_F32)
 		return reinterpret_cast<const float *>(p)[e];
 	if (DT == G4_KV_BF16)
-		return g4c_bf16_to_f32(reinterpret_cast<const uint16_t *>(p)[e]);
+		return g4_bf16_to_f32(reinterpret_cast<const uint16_t *>(p)[e]);
 	return (float) reinterpret_cast<const int8_t *>(p)[e] * s;
 }
 

@@ -21,6 +21,7 @@
 
 extern "C" {
 #include "backend.h"
+#include "halfconv.h"		/* the conversions the CPU backend uses */
 }
 
 /* ---- device weight layouts ------------------------------------------------
@@ -153,87 +154,6 @@ int			g4c_fail(g4_cuda *c, cudaError_t e, const char *what, const char *file, in
 void	   *g4c_scratch(g4_cuda *c, size_t bytes);
 /* `n` zeroed counters. */
 unsigned   *g4c_counters(g4_cuda *c, size_t n);
-
-/* ---- exact conversions (as util.h on the CPU) ---------------------------- */
-
-__device__ __forceinline__ float
-g4c_bf16_to_f32(uint16_t h)
-{
-	return __uint_as_float((uint32_t) h << 16);
-}
-
-__device__ __forceinline__ uint16_t
-g4c_f32_to_bf16(float f)
-{
-	uint32_t	u = __float_as_uint(f);
-
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t) ((u >> 16) | 0x40);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t) (u >> 16);
-}
-
-__device__ __forceinline__ float
-g4c_f16_to_f32(uint16_t h)
-{
-	uint32_t	sign = (uint32_t) (h & 0x8000) << 16;
-	uint32_t	exp = (h >> 10) & 0x1f;
-	uint32_t	man = h & 0x3ff;
-
-	if (exp == 0)
-	{
-		float		f;
-
-		if (man == 0)
-			return __uint_as_float(sign);
-		f = (float) man * (1.0f / 16777216.0f);
-		return sign ? -f : f;
-	}
-	if (exp == 31)
-		return __uint_as_float(sign | 0x7f800000u | (man << 13));
-	return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-__device__ __forceinline__ uint16_t
-g4c_f32_to_f16(float f)
-{
-	uint32_t	u = __float_as_uint(f);
-	uint32_t	sign = (u >> 16) & 0x8000;
-	int32_t		exp = (int32_t) ((u >> 23) & 0xff);
-	uint32_t	man = u & 0x7fffff;
-
-	if (exp == 255)
-		return (uint16_t) (sign | 0x7c00 | (man ? 0x200 : 0));
-	exp = exp - 127 + 15;
-	if (exp >= 31)
-		return (uint16_t) (sign | 0x7c00);
-	if (exp <= 0)
-	{
-		uint32_t	shift,
-					m,
-					r;
-
-		if (exp < -10)
-			return (uint16_t) sign;
-		m = man | 0x800000;
-		shift = (uint32_t) (14 - exp);
-		r = m >> shift;
-		if ((m >> (shift - 1)) & 1)
-		{
-			if ((m & ((1u << (shift - 1)) - 1)) || (r & 1))
-				r++;
-		}
-		return (uint16_t) (sign | r);
-	}
-	{
-		uint32_t	r = ((uint32_t) exp << 10) | (man >> 13);
-		uint32_t	rest = man & 0x1fff;
-
-		if (rest > 0x1000 || (rest == 0x1000 && (r & 1)))
-			r++;
-		return (uint16_t) (sign | r);
-	}
-}
 
 /* ---- the pool layout of kvformat.h, for device code ----------------------- */
 

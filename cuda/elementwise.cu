@@ -33,7 +33,7 @@ weight_elem(int kind, const void *data, const uint16_t *scales, int64_t in, int6
 		int			reg = hi + 2 * (kk >> 3);
 		size_t		off = ((size_t) (u * ktiles * 4 + ks) * 32 + (size_t) lane) * 8 + (size_t) reg * 2 + (size_t) (kk & 1);
 
-		return g4c_bf16_to_f32(((const uint16_t *) data)[off]);
+		return g4_bf16_to_f32(((const uint16_t *) data)[off]);
 	}
 	{
 		int64_t		kt = k >> 6;
@@ -46,7 +46,7 @@ weight_elem(int kind, const void *data, const uint16_t *scales, int64_t in, int6
 		size_t		tile = (size_t) (u * ktiles + kt);
 		uint32_t	word = ((const uint32_t *) data)[(tile * 32 + (size_t) lane) * 4 + (size_t) (hi * 2 + G)];
 		int			code = (int) ((word >> (4 * (p + 4 * b))) & 15u);
-		float		s = g4c_bf16_to_f32(scales[(tile * 16 + (size_t) rr) * 2 + (size_t) G]);
+		float		s = g4_bf16_to_f32(scales[(tile * 16 + (size_t) rr) * 2 + (size_t) G]);
 
 		return (float) (code - 8) * s;
 	}
@@ -186,6 +186,23 @@ beats(float v, int i, float bv, int bi)
 	return v > bv || (v == bv && (bi < 0 || i < bi));
 }
 
+/* The warp's best (bv, bi), in every lane. */
+__device__ __forceinline__ void
+warp_argmax(float &bv, int &bi)
+{
+	for (int o = 16; o > 0; o >>= 1)
+	{
+		float		ov = __shfl_xor_sync(0xffffffffu, bv, o);
+		int			oi = __shfl_xor_sync(0xffffffffu, bi, o);
+
+		if (oi >= 0 && beats(ov, oi, bv, bi))
+		{
+			bv = ov;
+			bi = oi;
+		}
+	}
+}
+
 #define ARGMAX_THREADS 1024
 
 __global__ void __launch_bounds__(ARGMAX_THREADS)
@@ -214,17 +231,7 @@ argmax_kernel(const float *logits, int vocab, const int32_t *suppress, int n_sup
 			bi = i;
 		}
 	}
-	for (int o = 16; o > 0; o >>= 1)
-	{
-		float		ov = __shfl_xor_sync(0xffffffffu, bv, o);
-		int			oi = __shfl_xor_sync(0xffffffffu, bi, o);
-
-		if (oi >= 0 && beats(ov, oi, bv, bi))
-		{
-			bv = ov;
-			bi = oi;
-		}
-	}
+	warp_argmax(bv, bi);
 	if (lane == 0)
 	{
 		sv[w] = bv;
@@ -235,17 +242,7 @@ argmax_kernel(const float *logits, int vocab, const int32_t *suppress, int n_sup
 	{
 		bv = lane < (int) (blockDim.x >> 5) ? sv[lane] : -INFINITY;
 		bi = lane < (int) (blockDim.x >> 5) ? si[lane] : -1;
-		for (int o = 16; o > 0; o >>= 1)
-		{
-			float		ov = __shfl_xor_sync(0xffffffffu, bv, o);
-			int			oi = __shfl_xor_sync(0xffffffffu, bi, o);
-
-			if (oi >= 0 && beats(ov, oi, bv, bi))
-			{
-				bv = ov;
-				bi = oi;
-			}
-		}
+		warp_argmax(bv, bi);
 		if (lane == 0)
 		{
 			/* as the host loop: a NaN first element is never replaced */

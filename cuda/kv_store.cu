@@ -65,8 +65,8 @@ block_amax(const float *x, int i0, int len, float *red)
 __device__ __forceinline__ uint16_t
 quant_scale(float amax, int levels, float *inv)
 {
-	uint16_t	s16 = g4c_f32_to_f16(__fdiv_rn(amax, (float) levels));
-	float		s = g4c_f16_to_f32(s16);
+	uint16_t	s16 = g4_f32_to_f16(__fdiv_rn(amax, (float) levels));
+	float		s = g4_f16_to_f32(s16);
 
 	*inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
 	return s16;
@@ -151,11 +151,11 @@ kv_store_kernel(store_args a)
 		for (int i = threadIdx.x; i < hd; i += blockDim.x)
 		{
 			if (a.k_eq_v)
-				kp[(size_t) off * hd + i] = g4c_f32_to_bf16(v[i]);
+				kp[(size_t) off * hd + i] = g4_f32_to_bf16(v[i]);
 			else
 			{
-				kp[(size_t) off * hd + i] = g4c_f32_to_bf16(k[i]);
-				kp[(size_t) (G4_KV_BLOCK_TOKENS + off) * hd + i] = g4c_f32_to_bf16(v[i]);
+				kp[(size_t) off * hd + i] = g4_f32_to_bf16(k[i]);
+				kp[(size_t) (G4_KV_BLOCK_TOKENS + off) * hd + i] = g4_f32_to_bf16(v[i]);
 			}
 		}
 		return;

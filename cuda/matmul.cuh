@@ -208,8 +208,8 @@ tile_mma(float acc[NT][4], const wtile<G4C_W_I4> &t, const void *xs, int kk, int
 		float		tmp[NT][4];
 		uint32_t	wg = grp ? t.w.y : t.w.x;
 		uint32_t	wg8 = grp ? t.w.w : t.w.z;
-		float		s_lo = g4c_bf16_to_f32((uint16_t) (grp ? t.s_lo >> 16 : t.s_lo & 0xffff));
-		float		s_hi = g4c_bf16_to_f32((uint16_t) (grp ? t.s_hi >> 16 : t.s_hi & 0xffff));
+		float		s_lo = g4_bf16_to_f32((uint16_t) (grp ? t.s_lo >> 16 : t.s_lo & 0xffff));
+		float		s_hi = g4_bf16_to_f32((uint16_t) (grp ? t.s_hi >> 16 : t.s_hi & 0xffff));
 
 #pragma unroll
 		for (int j = 0; j < NT; j++)

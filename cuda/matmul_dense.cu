@@ -68,7 +68,7 @@ to_bf16_kernel(const float *x, int n, int K, int Kp, uint16_t *xb)
 		size_t		r = i / (size_t) Kp;
 		int			k = (int) (i - r * (size_t) Kp);
 
-		xb[i] = k < K ? g4c_f32_to_bf16(x[r * (size_t) K + (size_t) k]) : 0;
+		xb[i] = k < K ? g4_f32_to_bf16(x[r * (size_t) K + (size_t) k]) : 0;
 	}
 }
 

@@ -1,6 +1,6 @@
 /*
  * util.h — small helpers shared by the whole engine: error reporting,
- * checked allocation, bf16/f16 conversion, monotonic time.
+ * checked allocation, monotonic time (bf16/f16 conversions: halfconv.h).
  */
 #ifndef G4_UTIL_H
 #define G4_UTIL_H
@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "halfconv.h"
 #include "engine.h"
 
 /* Set err (if non-NULL) and return code.  Always returns code so callers can
@@ -40,38 +41,6 @@ int			g4_buf_append(g4_buf *b, const void *p, size_t n);
 int			g4_buf_puts(g4_buf *b, const char *s);
 void		g4_buf_free(g4_buf *b);
 
-/* bf16 <-> f32.  Rounding is round-to-nearest-even, NaN preserved. */
-static inline float
-g4_bf16_to_f32(uint16_t h)
-{
-	uint32_t	u = (uint32_t) h << 16;
-	float		f;
-
-	memcpy(&f, &u, 4);
-	return f;
-}
-
-static inline uint16_t
-g4_f32_to_bf16(float f)
-{
-	uint32_t	u;
-
-	memcpy(&u, &f, 4);
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t) ((u >> 16) | 0x40);	/* quiet NaN */
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t) (u >> 16);
-}
-
-/* Round an f32 to the nearest bf16 value, returned as f32. */
-static inline float
-g4_round_bf16(float f)
-{
-	return g4_bf16_to_f32(g4_f32_to_bf16(f));
-}
-
-float		g4_f16_to_f32(uint16_t h);
-uint16_t	g4_f32_to_f16(float f);
 
 /* Monotonic clock in seconds. */
 double		g4_now(void);
