@@ -185,6 +185,10 @@ cu_destroy(g4_backend *be)
 		cudaFree(c->d_ids);
 	if (c->d_suppress)
 		cudaFree(c->d_suppress);
+	if (c->h_rows)
+		cudaFreeHost(c->h_rows);
+	if (c->d_rows)
+		cudaFree(c->d_rows);
 	if (c->d_status)
 		cudaFree(c->d_status);
 	if (c->h_status)
@@ -789,7 +793,7 @@ static const g4_backend_ops cuda_ops = {
 	cu_sync,
 	cu_graph_begin,
 	cu_graph_end,
-	g4c_argmax,
+	g4c_sample,
 };
 
 extern "C" int

@@ -126,10 +126,13 @@ typedef struct
 	int			cur_graph;		/* index, or -1 */
 	uint64_t	step_key;
 
-	/* argmax result staging */
+	/* sampler staging (sample.cu) */
 	int32_t    *h_ids;			/* pinned */
 	int32_t    *d_ids;
 	int			cap_ids;
+	g4_row_sampling *h_rows;	/* pinned */
+	g4_row_sampling *d_rows;
+	int			cap_rows;
 	int32_t    *d_suppress;
 	int			cap_suppress;
 } g4_cuda;
@@ -402,15 +405,16 @@ int			g4c_embed(g4_backend *be, const g4_weight *table, float scale, float *out)
 int			g4c_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
 int			g4c_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
 int			g4c_softcap(g4_backend *be, float *x, size_t count, float cap);
-int			g4c_argmax(g4_backend *be, const float *logits, int n, int vocab,
-					   const int32_t *suppress, int n_suppress, int32_t *ids);
+/* sample.cu */
+int			g4c_sample(g4_backend *be, float *logits, int n, int vocab, const int32_t *suppress,
+					   int n_suppress, const g4_row_sampling *rows, int32_t *ids);
 /* norm_rope.cu */
 int			g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim,
 						float eps, float *y);
 int			g4c_head_norm_rope(g4_backend *be, float *x, int n, int stride, int heads, int hd,
 							   const float *w, float eps, const float *inv_freq);
 int			g4c_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
-							int dim, float eps, float scale);
+							int dim, float eps, float scale, const float *next_w, float *y);
 /* kv_store.cu */
 int			g4c_kv_store(g4_backend *be, const g4_kv_layer *L, const float *k, int k_stride,
 						 const float *v, int v_stride, int n);

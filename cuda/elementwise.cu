@@ -1,6 +1,6 @@
 /*
- * elementwise.cu — embedding lookup, GeGLU, logit-row gathering,
- * soft-capping and the on-device greedy choice (argmax).
+ * elementwise.cu — embedding lookup, GeGLU, logit-row gathering and
+ * soft-capping.
  *
  * Numerics as ops_dense.c: the embedding row is decoded exactly and
  * multiplied by the scale once; GELU is the tanh approximation with an
@@ -8,7 +8,6 @@
  * kept separate here (__fmul_rn / __fadd_rn are never contracted).
  */
 #include <math.h>
-#include <string.h>
 
 #include "cuda_common.cuh"
 
@@ -175,132 +174,4 @@ g4c_softcap(g4_backend *be, float *x, size_t count, float cap)
 	if (count == 0)
 		return G4_OK;
 	return g4c_launch(c, "softcap", softcap_kernel, dim3(grid_for(c, count, 256)), dim3(256), 0, x, count, cap);
-}
-
-/* ---- greedy choice ------------------------------------------------------------ */
-
-/* (v, i) beats (bv, bi): larger, or equal with the smaller index; NaN never */
-__device__ __forceinline__ bool
-beats(float v, int i, float bv, int bi)
-{
-	return v > bv || (v == bv && (bi < 0 || i < bi));
-}
-
-/* The warp's best (bv, bi), in every lane. */
-__device__ __forceinline__ void
-warp_argmax(float &bv, int &bi)
-{
-	for (int o = 16; o > 0; o >>= 1)
-	{
-		float		ov = __shfl_xor_sync(0xffffffffu, bv, o);
-		int			oi = __shfl_xor_sync(0xffffffffu, bi, o);
-
-		if (oi >= 0 && beats(ov, oi, bv, bi))
-		{
-			bv = ov;
-			bi = oi;
-		}
-	}
-}
-
-#define ARGMAX_THREADS 1024
-
-__global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax_kernel(const float *logits, int vocab, const int32_t *suppress, int n_suppress, int32_t *ids)
-{
-	__shared__ float sv[32];
-	__shared__ int si[32];
-	const float *row = logits + (size_t) blockIdx.x * (size_t) vocab;
-	float		bv = -INFINITY;
-	int			bi = -1;
-	int			lane = threadIdx.x & 31;
-	int			w = threadIdx.x >> 5;
-
-	g4c_pdl_trigger();
-	g4c_pdl_wait();
-	for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-	{
-		float		v = row[i];
-
-		for (int s = 0; s < n_suppress; s++)
-			if (suppress[s] == i)
-				v = -INFINITY;
-		if (beats(v, i, bv, bi))
-		{
-			bv = v;
-			bi = i;
-		}
-	}
-	warp_argmax(bv, bi);
-	if (lane == 0)
-	{
-		sv[w] = bv;
-		si[w] = bi;
-	}
-	__syncthreads();
-	if (w == 0)
-	{
-		bv = lane < (int) (blockDim.x >> 5) ? sv[lane] : -INFINITY;
-		bi = lane < (int) (blockDim.x >> 5) ? si[lane] : -1;
-		warp_argmax(bv, bi);
-		if (lane == 0)
-		{
-			/* as the host loop: a NaN first element is never replaced */
-			float		first = row[0];
-
-			for (int s = 0; s < n_suppress; s++)
-				if (suppress[s] == 0)
-					first = -INFINITY;
-			ids[blockIdx.x] = (isnan(first) || bi < 0) ? 0 : bi;
-		}
-	}
-}
-
-int
-g4c_argmax(g4_backend *be, const float *logits, int n, int vocab, const int32_t *suppress, int n_suppress,
-		   int32_t *ids)
-{
-	g4_cuda    *c = g4c_of(be);
-
-	if (n <= 0)
-		return G4_OK;
-	if (c->capturing)
-		return G4_ERR_INTERNAL;
-	if (n > c->cap_ids)
-	{
-		int			cap = n < 64 ? 64 : n;
-
-		if (c->h_ids)
-			cudaFreeHost(c->h_ids);
-		if (c->d_ids)
-			cudaFree(c->d_ids);
-		c->h_ids = NULL;
-		c->d_ids = NULL;
-		c->cap_ids = 0;
-		G4C_CHECK(c, cudaMallocHost((void **) &c->h_ids, (size_t) cap * sizeof(int32_t)));
-		G4C_CHECK(c, cudaMalloc((void **) &c->d_ids, (size_t) cap * sizeof(int32_t)));
-		c->cap_ids = cap;
-	}
-	if (n_suppress > c->cap_suppress)
-	{
-		if (c->d_suppress)
-			cudaFree(c->d_suppress);
-		c->d_suppress = NULL;
-		c->cap_suppress = 0;
-		G4C_CHECK(c, cudaMalloc((void **) &c->d_suppress, (size_t) n_suppress * sizeof(int32_t)));
-		c->cap_suppress = n_suppress;
-	}
-	if (n_suppress > 0)
-		G4C_CHECK(c, cudaMemcpyAsync(c->d_suppress, suppress, (size_t) n_suppress * sizeof(int32_t),
-									 cudaMemcpyHostToDevice, c->stream));
-	if (g4c_launch(c, "argmax", argmax_kernel, dim3(n), dim3(ARGMAX_THREADS), 0, logits, vocab,
-				   (const int32_t *) c->d_suppress, n_suppress, c->d_ids) != G4_OK)
-		return c->err_code;
-	G4C_CHECK(c, cudaMemcpyAsync(c->h_ids, c->d_ids, (size_t) n * sizeof(int32_t), cudaMemcpyDeviceToHost,
-								 c->stream));
-	G4C_CHECK(c, cudaStreamSynchronize(c->stream));
-	if (c->err_code != G4_OK)
-		return c->err_code;
-	memcpy(ids, c->h_ids, (size_t) n * sizeof(int32_t));
-	return G4_OK;
 }

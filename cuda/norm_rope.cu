@@ -71,8 +71,12 @@ g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, f
 	return g4c_launch(c, "rmsnorm", rmsnorm_kernel, dim3(rows), dim3(NORM_THREADS), 0, x, w, dim, eps, y);
 }
 
+/* The residual add, and optionally the next block's input norm of the new
+ * row: every element is read and written by the same thread, so y may alias
+ * h (the sums between the passes are block barriers). */
 __global__ void __launch_bounds__(NORM_THREADS)
-add_rmsnorm_kernel(float *x, const float *h, const float *w, int dim, float eps, float scale)
+add_rmsnorm_kernel(float *x, const float *h, const float *w, int dim, float eps, float scale,
+				   const float *next_w, float *y)
 {
 	__shared__ double red[32];
 	float	   *xr = x + (size_t) blockIdx.x * (size_t) dim;
@@ -85,22 +89,33 @@ add_rmsnorm_kernel(float *x, const float *h, const float *w, int dim, float eps,
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
 		ss += (double) hr[i] * (double) hr[i];
 	f = rms_factor(block_sum_double(ss, red), dim, eps);
+	ss = 0.0;
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
 	{
 		float		v = __fadd_rn(xr[i], __fmul_rn(__fmul_rn(hr[i], f), w[i]));
 
-		xr[i] = scale == 1.0f ? v : __fmul_rn(v, scale);
+		v = scale == 1.0f ? v : __fmul_rn(v, scale);
+		xr[i] = v;
+		ss += (double) v * (double) v;
 	}
+	if (!y)
+		return;
+	f = rms_factor(block_sum_double(ss, red), dim, eps);
+	y += (size_t) blockIdx.x * (size_t) dim;
+	for (int i = threadIdx.x; i < dim; i += blockDim.x)
+		y[i] = __fmul_rn(__fmul_rn(xr[i], f), next_w[i]);
 }
 
 int
-g4c_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n, int dim, float eps, float scale)
+g4c_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n, int dim, float eps, float scale,
+				const float *next_w, float *y)
 {
 	g4_cuda    *c = g4c_of(be);
 
 	if (n <= 0)
 		return G4_OK;
-	return g4c_launch(c, "add_rmsnorm", add_rmsnorm_kernel, dim3(n), dim3(NORM_THREADS), 0, x, h, w, dim, eps, scale);
+	return g4c_launch(c, "add_rmsnorm", add_rmsnorm_kernel, dim3(n), dim3(NORM_THREADS), 0, x, h, w, dim, eps, scale,
+					  next_w, y);
 }
 
 /* One warp per (token, head); lane handles the rotation pairs j, j + hd/2. */

@@ -97,6 +97,29 @@ typedef struct
 	const int32_t *logit_rows;	/* [n_logits] rows whose logits are wanted */
 } g4_step_meta;
 
+/*
+ * One logits row's sampling parameters (the device sampler's view of
+ * g4_sampling).  The sampling order, shared by g4_sample and every backend:
+ * greedy (the first largest logit) at temperature 0; else
+ * e = exp((logit - max) / temperature), ids kept while e >= min_p (e > 0 when
+ * min_p is 0), then the k largest, then the shortest run, in the order
+ * "larger e first, smaller id first on ties", whose weight reaches top_p of
+ * the kept weight; the draw walks the kept ids in id order and takes the first
+ * at which the running weight exceeds u times the kept weight.  Weights are e
+ * scaled by G4_SAMPLE_FIXED_ONE and truncated to integers, so every sum is
+ * exact and independent of the order it is added in.
+ */
+#define G4_SAMPLE_FIXED_ONE 1099511627776.0f	/* 2^40 */
+
+typedef struct
+{
+	float		temperature;	/* 0: greedy */
+	float		top_p;			/* (0, 1] */
+	float		min_p;			/* [0, 1] */
+	int32_t		top_k;			/* 0: no limit */
+	double		u;				/* the sequence generator's draw in [0, 1); unused when greedy */
+} g4_row_sampling;
+
 typedef struct g4_backend g4_backend;
 
 typedef struct
@@ -157,9 +180,11 @@ typedef struct
 	/* out[n][ff] = gelu_tanh(gu[:, :ff]) * gu[:, ff:] */
 	int			(*geglu) (g4_backend *be, const float *gu, int n, int ff, float *out);
 
-	/* x = (x + rmsnorm(h) * w) * scale   (residual add with post-norm) */
+	/* x = (x + rmsnorm(h) * w) * scale   (residual add with post-norm); then,
+	 * when y is not NULL, y = rmsnorm(x) * next_w, the next block's input
+	 * norm, as rmsnorm would give it (y may alias h). */
 	int			(*add_rmsnorm) (g4_backend *be, float *x, const float *h, const float *w,
-								int n, int dim, float eps, float scale);
+								int n, int dim, float eps, float scale, const float *next_w, float *y);
 
 	/* out[i] = x[logit_rows[i]] for the step's logit rows */
 	int			(*gather_logit_rows) (g4_backend *be, const float *x, int dim, float *out);
@@ -186,12 +211,14 @@ typedef struct
 	int			(*graph_begin) (g4_backend *be);
 	int			(*graph_end) (g4_backend *be);
 
-	/* Greedy choice on the device: ids[i] = index of the largest of
-	 * logits[i][0..vocab) (the first one on ties), the ids in suppress
-	 * excluded, as g4_sample does at temperature 0.  logits: device; suppress
-	 * and ids: host; ids are filled when the call returns. */
-	int			(*argmax) (g4_backend *be, const float *logits, int n, int vocab,
-						   const int32_t *suppress, int n_suppress, int32_t *ids);
+	/* Token choice on the device, so only ids cross to the host: ids[i] is
+	 * the token g4_sample chooses for logits row i with rows[i]'s parameters
+	 * and uniform draw, the ids in suppress excluded (penalties are the
+	 * host's: rows that need them are sampled there).  logits: device, may be
+	 * overwritten; suppress, rows and ids: host; ids are filled when the call
+	 * returns. */
+	int			(*sample) (g4_backend *be, float *logits, int n, int vocab, const int32_t *suppress,
+						   int n_suppress, const g4_row_sampling *rows, int32_t *ids);
 } g4_backend_ops;
 
 struct g4_backend

@@ -233,10 +233,12 @@ g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
 		e->st_logit_rows = g4_malloc((size_t) e->max_logits * sizeof(int32_t));
 		e->st_logit_seq = g4_malloc((size_t) e->max_logits * sizeof(g4_seq *));
 		e->st_ids = g4_malloc((size_t) e->max_logits * sizeof(int32_t));
+		e->st_samp = g4_malloc((size_t) e->max_logits * sizeof(g4_row_sampling));
 		e->logits_host = g4_malloc((size_t) e->max_logits * (size_t) c->vocab_size * sizeof(float));
 		e->slot_used = g4_calloc((size_t) e->max_seqs, 1);
 		if (!e->st_token || !e->st_pos || !e->st_slot || !e->st_lo[0] || !e->st_lo[1] || !e->st_hi[0] ||
-			!e->st_hi[1] || !e->st_logit_rows || !e->st_logit_seq || !e->st_ids || !e->logits_host ||
+			!e->st_hi[1] || !e->st_logit_rows || !e->st_logit_seq || !e->st_ids || !e->st_samp ||
+			!e->logits_host ||
 			!e->slot_used)
 			rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
 	}
@@ -284,6 +286,7 @@ g4_close(g4_engine *e)
 	free(e->st_logit_rows);
 	free(e->st_logit_seq);
 	free(e->st_ids);
+	free(e->st_samp);
 	free(e->st_embed_index);
 	free(e->st_embed_rows);
 	free(e->logits_host);
@@ -494,21 +497,29 @@ fail_all(g4_engine *e, const g4_err *why, g4_event_fn fn, void *ctx)
 	}
 }
 
-/* Greedy rows without penalties can be chosen on the device, so only token
- * ids cross to the host (the same choice as g4_sample at temperature 0). */
+/* Rows without penalties are sampled on the device, so only token ids cross
+ * to the host: g4_sample's choice, from the same draw of each sequence's
+ * generator (taken here, in row order, as g4_sample would take it). */
 static int
-greedy_on_device(const g4_engine *e, int n_logits)
+sample_on_device(g4_engine *e, int n_logits)
 {
 	int			i;
 
-	if (!e->be->ops->argmax || e->logits_hook)
+	if (!e->be->ops->sample || e->logits_hook)
 		return 0;
 	for (i = 0; i < n_logits; i++)
-	{
-		const g4_seq *s = e->st_logit_seq[i];
-
-		if (s->samp.temperature != 0.0f || g4_sampling_needs_hist(&s->samp))
+		if (g4_sampling_needs_hist(&e->st_logit_seq[i]->samp))
 			return 0;
+	for (i = 0; i < n_logits; i++)
+	{
+		g4_seq	   *s = e->st_logit_seq[i];
+		g4_row_sampling *r = &e->st_samp[i];
+
+		r->temperature = s->samp.temperature;
+		r->top_p = s->samp.top_p;
+		r->min_p = s->samp.min_p;
+		r->top_k = s->samp.top_k;
+		r->u = s->samp.temperature > 0.0f ? g4_rng_uniform(&s->rng) : 0.0;
 	}
 	return 1;
 }
@@ -541,10 +552,10 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 		rc = g4_schedule_meta(e, &sc, &meta, &extra, err);
 	if (rc == G4_OK && sc.n_items > 0)
 		rc = g4_model_forward(e->model, &e->ws, &meta, extra.n ? &extra : NULL, err);
-	device_ids = rc == G4_OK && sc.n_items > 0 && meta.n_logits > 0 && greedy_on_device(e, meta.n_logits);
+	device_ids = rc == G4_OK && sc.n_items > 0 && meta.n_logits > 0 && sample_on_device(e, meta.n_logits);
 	if (device_ids)
-		rc = e->be->ops->argmax(e->be, e->ws.logits, meta.n_logits, V, e->model->cfg.suppress_ids,
-								e->model->cfg.n_suppress, e->st_ids);
+		rc = e->be->ops->sample(e->be, e->ws.logits, meta.n_logits, V, e->model->cfg.suppress_ids,
+								e->model->cfg.n_suppress, e->st_samp, e->st_ids);
 	else if (rc == G4_OK && sc.n_items > 0 && meta.n_logits > 0)
 		rc = e->be->ops->download(e->be, e->logits_host, e->ws.logits,
 								  (size_t) meta.n_logits * (size_t) V * sizeof(float));

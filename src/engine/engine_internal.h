@@ -97,6 +97,7 @@ struct g4_engine
 	int32_t    *st_logit_rows;
 	g4_seq	  **st_logit_seq;	/* sequence of each logit row */
 	int32_t    *st_ids;			/* ids chosen on the device, per logit row */
+	g4_row_sampling *st_samp;	/* their sampling parameters and draws */
 	int32_t    *st_embed_index;
 	float	   *st_embed_rows;
 	int			st_cap_embeds;

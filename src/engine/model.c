@@ -125,8 +125,11 @@ g4_workspace_free(g4_model *m, g4_workspace *ws)
 #define TRY(call) do { int _rc = (call); if (_rc != G4_OK) \
 	return g4_fail(err, _rc, "%s backend: %s failed", be->ops->name, #call); } while (0)
 
+/* The attention block; its input norm is already in ws->h when `normed`
+ * (the previous block's residual add wrote it).  Leaves the MLP's input norm
+ * in ws->h. */
 static int
-attention_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int T, g4_err *err)
+attention_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int normed, int T, g4_err *err)
 {
 	const g4_model_config *c = &m->cfg;
 	g4_backend *be = m->be;
@@ -138,7 +141,8 @@ attention_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int T, g4_err
 	float	   *v = k + ly->kv_dim;
 	float		eps = (float) c->rms_eps;
 
-	TRY(be->ops->rmsnorm(be, ws->x, ly->attn_norm, T, c->hidden_size, eps, ws->h));
+	if (!normed)
+		TRY(be->ops->rmsnorm(be, ws->x, ly->attn_norm, T, c->hidden_size, eps, ws->h));
 	TRY(be->ops->matmul(be, ly->qkv, ws->h, T, ws->qkv));
 	TRY(be->ops->head_norm_rope(be, q, T, stride, c->n_heads, hd, ly->q_norm, eps, kv->inv_freq));
 	if (kv->k_eq_v)
@@ -157,12 +161,15 @@ attention_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int T, g4_err
 	}
 	TRY(be->ops->attention(be, kv, q, stride, T, ws->attn));
 	TRY(be->ops->matmul(be, ly->o, ws->attn, T, ws->h));
-	TRY(be->ops->add_rmsnorm(be, ws->x, ws->h, ly->post_attn_norm, T, c->hidden_size, eps, 1.0f));
+	TRY(be->ops->add_rmsnorm(be, ws->x, ws->h, ly->post_attn_norm, T, c->hidden_size, eps, 1.0f,
+							 ly->pre_ffn_norm, ws->h));
 	return G4_OK;
 }
 
+/* The MLP block on the input norm in ws->h; leaves the next layer's input
+ * norm there (none after the last layer). */
 static int
-mlp_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int T, g4_err *err)
+mlp_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, const g4_layer *next, int T, g4_err *err)
 {
 	const g4_model_config *c = &m->cfg;
 	g4_backend *be = m->be;
@@ -176,12 +183,12 @@ mlp_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int T, g4_err *err)
 		int			rows = G4_MIN(ws->mlp_rows, T - r0);
 		float	   *hx = ws->h + (size_t) r0 * H;
 
-		TRY(be->ops->rmsnorm(be, ws->x + (size_t) r0 * H, ly->pre_ffn_norm, rows, c->hidden_size, eps, hx));
 		TRY(be->ops->matmul(be, ly->gate_up, hx, rows, ws->gu));
 		TRY(be->ops->geglu(be, ws->gu, rows, c->intermediate_size, ws->act));
 		TRY(be->ops->matmul(be, ly->down, ws->act, rows, hx));
 	}
-	TRY(be->ops->add_rmsnorm(be, ws->x, ws->h, ly->post_ffn_norm, T, c->hidden_size, eps, ly->layer_scalar));
+	TRY(be->ops->add_rmsnorm(be, ws->x, ws->h, ly->post_ffn_norm, T, c->hidden_size, eps, ly->layer_scalar,
+							 next ? next->attn_norm : NULL, next ? ws->h : NULL));
 	return G4_OK;
 }
 
@@ -206,8 +213,9 @@ issue_step(g4_model *m, g4_workspace *ws, const g4_step_meta *meta, const g4_emb
 	for (i = 0; i < c->n_layers; i++)
 	{
 		const g4_layer *ly = &m->layers[i];
+		const g4_layer *next = i + 1 < c->n_layers ? &m->layers[i + 1] : NULL;
 
-		if (attention_block(m, ws, ly, T, err) != G4_OK || mlp_block(m, ws, ly, T, err) != G4_OK)
+		if (attention_block(m, ws, ly, i > 0, T, err) != G4_OK || mlp_block(m, ws, ly, next, T, err) != G4_OK)
 			return g4_fail_ctx(err, "layer %d", i);
 	}
 	if (meta->n_logits > 0)
@@ -239,7 +247,7 @@ g4_model_forward(g4_model *m, g4_workspace *ws, const g4_step_meta *meta,
 
 	/* A backend that records steps replays a step whose operations depend
 	 * only on its shape; uploaded soft-token rows make a step unique. */
-	graphs = !extra && be->ops->graph_begin && be->ops->graph_end;
+	graphs = !extra && !ws->no_graphs && be->ops->graph_begin && be->ops->graph_end;
 	if (graphs)
 	{
 		rc = be->ops->graph_begin(be);

@@ -63,6 +63,7 @@ typedef struct
 	float	   *lx;				/* [max_logits][H] */
 	float	   *logits;			/* [max_logits][V] */
 	size_t		bytes;
+	int			no_graphs;		/* issue every step's operations, never replay */
 } g4_workspace;
 
 int			g4_workspace_init(g4_model *m, int max_tokens, int max_logits, g4_workspace *ws,

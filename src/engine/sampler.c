@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "util.h"
 
 /* ---- random numbers: splitmix64 seeding xoshiro256** ---- */
@@ -146,40 +147,49 @@ argmax(const float *x, int n)
 	return best;
 }
 
-/* descending by probability, ties by id (qsort_r context: the probabilities) */
-static int
-cmp_desc(const void *a, const void *b, void *ctx)
+/* The integer weight of an id of relative probability e in [0, 1]. */
+static inline uint64_t
+fixed_weight(float e)
 {
-	const float *sort_keys = ctx;
+	return (uint64_t) (e * G4_SAMPLE_FIXED_ONE);
+}
+
+/* The sampling order: larger e first, then the smaller id. */
+static inline int
+before(const float *e, int32_t i, int32_t j)
+{
+	return e[i] > e[j] || (e[i] == e[j] && i < j);
+}
+
+/* qsort_r comparator in the sampling order (context: e) */
+static int
+cmp_order(const void *a, const void *b, void *ctx)
+{
 	int32_t		i = *(const int32_t *) a;
 	int32_t		j = *(const int32_t *) b;
 
-	if (sort_keys[i] > sort_keys[j])
-		return -1;
-	if (sort_keys[i] < sort_keys[j])
-		return 1;
-	return i < j ? -1 : (i > j);
+	return before(ctx, i, j) ? -1 : before(ctx, j, i);
 }
 
-/* Partition idx[0..n) so its first k entries are the k most probable
- * (quickselect on probs). */
+/* Partition idx[0..n) so its first k entries are the k first in the
+ * sampling order (quickselect; the order is total, so the set is unique). */
 static void
-select_top(int32_t *idx, int n, int k, const float *probs)
+select_first(int32_t *idx, int n, int k, const float *e)
 {
 	int			lo = 0,
 				hi = n - 1;
 
 	while (lo < hi)
 	{
-		float		pivot = probs[idx[(lo + hi) / 2]];
+		int32_t		pivot = idx[(lo + hi) / 2];
 		int			i = lo,
 					j = hi;
 
 		while (i <= j)
 		{
-			while (probs[idx[i]] > pivot)
+			while (before(e, idx[i], pivot))
 				i++;
-			while (probs[idx[j]] < pivot)
+			while (before(e, pivot, idx[j]))
 				j--;
 			if (i <= j)
 			{
@@ -200,14 +210,54 @@ select_top(int32_t *idx, int n, int k, const float *probs)
 	}
 }
 
+/* top-p: the length of the shortest run of idx[0..n), in the sampling
+ * order, whose weight reaches top_p of the whole; idx is reordered.  Only a
+ * prefix is sorted when it holds that run. */
+static int
+top_p_keep(int32_t *idx, int n, float top_p, const float *e)
+{
+	uint64_t	all = 0,
+				cum = 0;
+	double		target;
+	int			sorted = G4_MIN(n, 1024);
+	int			i;
+
+	for (i = 0; i < n; i++)
+		all += fixed_weight(e[idx[i]]);
+	target = (double) top_p * (double) all;
+	if (sorted < n)
+		select_first(idx, n, sorted, e);
+	for (;;)
+	{
+		qsort_r(idx, (size_t) sorted, sizeof(int32_t), cmp_order, (void *) e);
+		cum = 0;
+		for (i = 0; i < sorted; i++)
+		{
+			cum += fixed_weight(e[idx[i]]);
+			if ((double) cum >= target)
+				return i + 1;
+		}
+		if (sorted == n)
+			return n;
+		sorted = n;
+	}
+}
+
 int32_t
 g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *hist,
 		  const int32_t *suppress, int n_suppress, g4_rng *rng, g4_sampler_scratch *sc)
 {
+	float	   *e;
+	float		maxl,
+				emin;
+	int32_t		best,
+				last;
+	uint64_t	total,
+				cum;
+	double		u,
+				target;
 	int			i;
 	int			n;
-	float		maxl;
-	double		total;
 
 	for (i = 0; i < n_suppress; i++)
 		if (suppress[i] >= 0 && suppress[i] < vocab)
@@ -226,10 +276,16 @@ g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *h
 		}
 	}
 
+	best = argmax(logits, vocab);
+	maxl = logits[best];
 	if (p->temperature == 0.0f)
-		return argmax(logits, vocab);
+		return best;
+	/* one draw per sampled token, whatever happens next: the device sampler
+	 * receives the same draw from the host */
+	u = g4_rng_uniform(rng);
+	if (!isfinite(maxl))
+		return best;
 
-	/* probabilities at temperature T over every id */
 	if (sc->cap < vocab)
 	{
 		float	   *pr = realloc(sc->probs, (size_t) vocab * sizeof(float));
@@ -240,101 +296,50 @@ g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *h
 		if (ix)
 			sc->idx = ix;
 		if (!pr || !ix)
-			return argmax(logits, vocab);	/* out of memory: degrade to greedy */
+			return best;		/* out of memory: degrade to greedy */
 		sc->cap = vocab;
 	}
-	maxl = logits[argmax(logits, vocab)];
-	total = 0.0;
-	for (i = 0; i < vocab; i++)
-	{
-		float		e = expf((logits[i] - maxl) / p->temperature);
-
-		sc->probs[i] = e;
-		total += e;
-	}
+	/* relative probabilities at temperature T (the largest is exactly 1) */
+	e = sc->probs;
+	emin = p->min_p > 0.0f ? p->min_p : 0x1p-149f;
 	n = 0;
 	for (i = 0; i < vocab; i++)
 	{
-		sc->probs[i] = (float) (sc->probs[i] / total);
-		if (sc->probs[i] > 0.0f)
+		float		v = expf((logits[i] - maxl) / p->temperature);
+
+		e[i] = v >= 0.0f ? v : 0.0f;	/* NaN never survives */
+		if (e[i] >= emin)
 			sc->idx[n++] = i;
 	}
-
-	/* min-p: drop ids below min_p times the best probability */
-	if (p->min_p > 0.0f)
+	if (p->top_k > 0 && p->top_k < n)
 	{
-		float		cut = p->min_p * sc->probs[argmax(logits, vocab)];
-		int			m = 0;
-
-		for (i = 0; i < n; i++)
-			if (sc->probs[sc->idx[i]] >= cut)
-				sc->idx[m++] = sc->idx[i];
-		n = m;
+		select_first(sc->idx, n, p->top_k, e);
+		n = p->top_k;
 	}
-	/* top-k, then top-p over what is left, in descending order */
+	if (p->top_p < 1.0f)
+		n = top_p_keep(sc->idx, n, p->top_p, e);
+
+	/* the kept set is a prefix of the sampling order: its last entry decides
+	 * membership; the draw walks the ids in id order */
+	last = sc->idx[0];
+	total = 0;
+	for (i = 0; i < n; i++)
 	{
-		int			k = p->top_k > 0 && p->top_k < n ? p->top_k : n;
-		int			sorted;
-
-		if (k < n)
-		{
-			select_top(sc->idx, n, k, sc->probs);
-			n = k;
-		}
-		/* sort a prefix large enough to hold the top-p mass, else all */
-		sorted = G4_MIN(n, 1024);
-		if (sorted < n)
-			select_top(sc->idx, n, sorted, sc->probs);
-		qsort_r(sc->idx, (size_t) sorted, sizeof(int32_t), cmp_desc, sc->probs);
-		if (p->top_p < 1.0f)
-		{
-			double		mass = 0.0,
-						all = 0.0;
-			int			keep = -1;
-
-			for (i = 0; i < n; i++)
-				all += sc->probs[sc->idx[i]];
-			for (i = 0; i < sorted; i++)
-			{
-				mass += sc->probs[sc->idx[i]];
-				if (mass >= p->top_p * all)
-				{
-					keep = i + 1;
-					break;
-				}
-			}
-			if (keep < 0 && sorted < n)
-			{
-				qsort_r(sc->idx, (size_t) n, sizeof(int32_t), cmp_desc, sc->probs);
-				mass = 0.0;
-				for (i = 0; i < n; i++)
-				{
-					mass += sc->probs[sc->idx[i]];
-					if (mass >= p->top_p * all)
-					{
-						keep = i + 1;
-						break;
-					}
-				}
-			}
-			if (keep > 0)
-				n = keep;
-		}
+		if (before(e, last, sc->idx[i]))
+			last = sc->idx[i];
+		total += fixed_weight(e[sc->idx[i]]);
 	}
-	/* draw from what is left, renormalised */
+	target = u * (double) total;
+	cum = 0;
+	best = last;
+	for (i = 0; i < vocab; i++)
 	{
-		double		mass = 0.0;
-		double		u;
-
-		for (i = 0; i < n; i++)
-			mass += sc->probs[sc->idx[i]];
-		u = g4_rng_uniform(rng) * mass;
-		for (i = 0; i < n; i++)
-		{
-			u -= sc->probs[sc->idx[i]];
-			if (u < 0.0)
-				return sc->idx[i];
-		}
-		return n > 0 ? sc->idx[n - 1] : argmax(logits, vocab);
+		if (before(e, last, i))
+			continue;
+		best = i;
+		cum += fixed_weight(e[i]);
+		if ((double) cum > target)
+			return i;
 	}
+	return best;				/* rounding left the target unreached: the last kept id */
 }

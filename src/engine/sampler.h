@@ -2,7 +2,9 @@
  * sampler.h — turning a row of logits into the next token on the host:
  * suppressed ids, repetition / presence / frequency penalties, temperature,
  * min-p, top-k, top-p, then a draw from a per-sequence seeded generator
- * (greedy when the temperature is 0).  Order as in vLLM's sampler.
+ * (greedy when the temperature is 0).  The exact order and arithmetic are
+ * stated with g4_row_sampling (backend.h): a device sampler makes the same
+ * choice from the same draw.
  */
 #ifndef G4_SAMPLER_H
 #define G4_SAMPLER_H

@@ -302,7 +302,8 @@ run_op(void *p)
 			be->ops->geglu(be, D.ws.gu, G4_MIN(n, D.ws.mlp_rows), c->intermediate_size, D.ws.act);
 			break;
 		case OP_ADDNORM:
-			be->ops->add_rmsnorm(be, D.ws.x, D.ws.h, ly->post_attn_norm, n, c->hidden_size, 1e-6f, 1.0f);
+			be->ops->add_rmsnorm(be, D.ws.x, D.ws.h, ly->post_attn_norm, n, c->hidden_size, 1e-6f, 1.0f,
+								 ly->pre_ffn_norm, D.ws.h);
 			break;
 		case OP_EMBED:
 			be->ops->embed(be, D.m->embed, D.m->embed_scale, D.ws.x);

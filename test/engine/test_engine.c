@@ -538,5 +538,33 @@ G4_TEST(sampler_filters)
 	}
 	/* P(7) = 3 / (7 + 3) = 0.3 */
 	CHECK_NEAR(counts[7] / 20000.0, 0.3, 0.02);
+	/* top_k through equal values keeps the smaller ids (the sampling order
+	 * every backend shares), each as likely */
+	memset(counts, 0, sizeof(counts));
+	p.temperature = 1.0f;
+	p.top_k = 3;
+	for (i = 0; i < 3000; i++)
+	{
+		float		l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+
+		counts[g4_sample(l, 8, &p, NULL, NULL, 0, &rng, &sc)]++;
+	}
+	CHECK_INT(counts[3] + counts[4] + counts[5] + counts[6] + counts[7], 0);
+	CHECK(counts[0] > 850 && counts[1] > 850 && counts[2] > 850);
+	/* one draw per sampled token, also when nothing can be sampled: the
+	 * generator stays in step with a device that receives the draws */
+	{
+		g4_rng		a,
+					b;
+		float		l[8];
+
+		g4_rng_seed(&a, 5);
+		g4_rng_seed(&b, 5);
+		for (i = 0; i < 8; i++)
+			l[i] = -INFINITY;
+		g4_sample(l, 8, &p, NULL, NULL, 0, &a, &sc);
+		g4_rng_uniform(&b);
+		CHECK(g4_rng_next(&a) == g4_rng_next(&b));
+	}
 	g4_sampler_scratch_free(&sc);
 }

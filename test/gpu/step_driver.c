@@ -128,7 +128,6 @@ drv_step(drv *d, int n_items, const drv_item *items, const int32_t *tokens, g4_e
 	int			k;
 	g4_step_meta meta;
 	int			rc;
-	int			replay = 0;
 
 	d->n_logits = 0;
 	for (k = 0; k < n_items; k++)
@@ -167,28 +166,17 @@ drv_step(drv *d, int n_items, const drv_item *items, const int32_t *tokens, g4_e
 	}
 	meta.n_logits = d->n_logits;
 	meta.logit_rows = d->logit_rows;
-	if (d->use_graphs && be->ops->graph_begin)
+	/* g4_model_forward records and replays step graphs itself */
+	d->ws.no_graphs = !d->use_graphs;
+	rc = g4_model_forward(d->m, &d->ws, &meta, NULL, err);
+	if (rc != G4_OK)
 	{
-		rc = be->ops->step_begin(be, &meta);
-		if (rc != G4_OK)
-			return g4_fail(err, rc, "step_begin failed");
-		replay = be->ops->graph_begin(be);
-		if (replay < 0)
-			return g4_fail(err, replay, "graph_begin failed");
-	}
-	/* g4_model_forward calls step_begin itself; with a graph being
-	 * recorded, the second call only refreshes the same metadata */
-	if (!replay)
-	{
-		rc = g4_model_forward(d->m, &d->ws, &meta, NULL, err);
-		if (rc != G4_OK)
-			return rc;
-	}
-	if (d->use_graphs && be->ops->graph_end)
-	{
-		rc = be->ops->graph_end(be);
-		if (rc != G4_OK)
-			return g4_fail(err, rc, "graph_end failed");
+		g4_err		why;
+
+		/* the backend's own account of the failure, when it has one */
+		if (be->ops->sync(be, &why) != G4_OK)
+			g4_fail_ctx(err, "%s", why.msg);
+		return rc;
 	}
 	for (k = 0; k < n_items; k++)
 		trim(d, items[k].slot, items[k].start + items[k].count);
@@ -214,10 +202,23 @@ drv_argmax(drv *d, int32_t *ids, g4_err *err)
 	int			V = c->vocab_size;
 	int			i;
 
-	if (be->ops->argmax)
+	if (be->ops->sample)
 	{
-		if (be->ops->argmax(be, d->ws.logits, d->n_logits, V, c->suppress_ids, c->n_suppress, ids) != G4_OK)
-			return be->ops->sync(be, err);
+		g4_row_sampling *rows = calloc((size_t) d->n_logits, sizeof(g4_row_sampling));
+		int			rc;
+
+		if (!rows)
+			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		for (i = 0; i < d->n_logits; i++)
+			rows[i].top_p = 1.0f;	/* temperature 0: greedy */
+		rc = be->ops->sample(be, d->ws.logits, d->n_logits, V, c->suppress_ids, c->n_suppress, rows, ids);
+		free(rows);
+		if (rc != G4_OK)
+		{
+			int			rc2 = be->ops->sync(be, err);
+
+			return rc2 != G4_OK ? rc2 : g4_fail(err, rc, "device sampling failed");
+		}
 		return be->ops->sync(be, err);
 	}
 	{

@@ -2,7 +2,7 @@
  * step_driver.h — runs the engine's forward pass (g4_model_forward) step by
  * step on a backend without the scheduler: the GPU tests and benchmarks
  * choose each step's tokens, positions and sequences themselves, and can
- * use the backend's optional operations (step graphs, argmax) that the
+ * use the backend's optional operations (step graphs, device sampling) that the
  * engine does not call yet.
  *
  * Metadata follows schedule.c for text: sliding layers see [p - W + 1,
@@ -59,7 +59,7 @@ int			drv_step(drv *d, int n_items, const drv_item *items, const int32_t *tokens
 int			drv_logits(drv *d, float *host, g4_err *err);
 
 /* Wait, then the greedy token of each logit row (on the device when the
- * backend has argmax, else on the host). */
+ * backend samples there, else on the host). */
 int			drv_argmax(drv *d, int32_t *ids, g4_err *err);
 
 /* Free every block of a slot. */

@@ -5,7 +5,8 @@
  * Each check prints one line "PARITY op | case | metric | bound | ok" and
  * the bound it must meet, with the reason for that bound:
  *  - exact: integer / copy / encode operations must agree bit for bit
- *    (embedding rows, logit-row gathering, the KV encodings, argmax);
+ *    (embedding rows, logit-row gathering, the KV encodings, the sampler's
+ *    choice);
  *  - float32-class: float32 arithmetic in another order (norms, RoPE with
  *    sincosf's 2-ulp error, float32 and split-bf16 matmuls): max |gpu - cpu|
  *    relative to the magnitude of the terms involved, 3e-5 at most;
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "config.h"
@@ -623,17 +625,31 @@ G4_TEST(gpu_rmsnorm_and_residual)
 					 variant == 0 ? "weighted" : variant == 1 ? "no weight" : "in place");
 			report("rmsnorm", label, max_rel(yg, yc, n), 2e-6);
 		}
-		for (variant = 0; variant < 2; variant++)
+		for (variant = 0; variant < 3; variant++)
 		{
-			float		scale = variant ? 0.731f : 1.0f;
+			/* 0: residual add, 1: with layer scalar, 2: with the next
+			 * norm written over h */
+			float		scale = variant == 1 ? 0.731f : 1.0f;
+			float	   *hc = malloc(n * 4);
 
 			memcpy(yc, x, n * 4);
-			CHECK_OK(cpu_be->ops->add_rmsnorm(cpu_be, yc, h, w, rows, dim, 1e-6f, scale), &err);
+			memcpy(hc, h, n * 4);
+			CHECK_OK(cpu_be->ops->add_rmsnorm(cpu_be, yc, hc, w, rows, dim, 1e-6f, scale, variant == 2 ? x : NULL,
+											  variant == 2 ? hc : NULL), &err);
 			gpu_be->ops->upload(gpu_be, dy, x, n * 4);
-			CHECK_OK(gpu_be->ops->add_rmsnorm(gpu_be, dy, dh, dw, rows, dim, 1e-6f, scale), &err);
+			gpu_be->ops->upload(gpu_be, dh, h, n * 4);
+			CHECK_OK(gpu_be->ops->add_rmsnorm(gpu_be, dy, dh, dw, rows, dim, 1e-6f, scale, variant == 2 ? dx : NULL,
+											  variant == 2 ? dh : NULL), &err);
 			gpu_get(yg, dy, n * 4);
-			snprintf(label, sizeof(label), "rows=%d dim=%d scale=%g", rows, dim, (double) scale);
+			snprintf(label, sizeof(label), "rows=%d dim=%d %s", rows, dim,
+					 variant == 0 ? "residual" : variant == 1 ? "scale=0.731" : "+ next norm");
 			report("add_rmsnorm", label, max_rel(yg, yc, n), 2e-6);
+			if (variant == 2)
+			{
+				gpu_get(yg, dh, n * 4);
+				report("add_rmsnorm", "  the next norm (over h)", max_rel(yg, hc, n), 2e-6);
+			}
+			free(hc);
 		}
 		gpu_be->ops->free(gpu_be, dx);
 		gpu_be->ops->free(gpu_be, dh);
@@ -816,45 +832,213 @@ G4_TEST(gpu_geglu_softcap_gather)
 	}
 }
 
-G4_TEST(gpu_argmax)
+/* ---- sampling ------------------------------------------------------------------------ */
+
+/* One sampling case: parameters and the generator the host draws from. */
+typedef struct
 {
-	int			n = 7,
-				vocab = 262144;
-	float	   *l = malloc((size_t) n * vocab * 4);
-	float	   *d;
-	int32_t		ids[7];
-	int32_t		suppress[3] = {5, 262143, 100};
+	float		temperature,
+				top_p,
+				min_p;
+	int			top_k;
+} sample_params;
+
+static double
+now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/*
+ * rows [n][vocab] sampled on the device with params[i % n_params] and the
+ * draw of a generator seeded with seed0 + i; returns how many ids differ
+ * from g4_sample's on the same row and generator.  *seconds: the device
+ * call's wall time.
+ */
+static int
+sample_case(const float *rows, int n, int vocab, const sample_params *params, int n_params, uint64_t seed0,
+			const int32_t *suppress, int n_suppress, double *seconds)
+{
+	float	   *d = gpu_copy(rows, (size_t) n * vocab * 4);
+	float	   *row = malloc((size_t) vocab * 4);
+	g4_row_sampling *rs = calloc((size_t) n, sizeof(*rs));
+	int32_t    *ids = malloc((size_t) n * sizeof(int32_t));
+	g4_sampler_scratch sc;
+	g4_err		err;
+	double		t0;
 	int			i,
 				bad = 0;
 
-	NEED_GPU();
-	if (!gpu_be->ops->argmax)
-		G4_SKIP("no argmax");
-	reseed(8);
-	fill_normal(l, (size_t) n * vocab, 3.0f);
-	/* ties (the first wins), a suppressed maximum, an all-equal row */
-	l[1 * vocab + 10] = l[1 * vocab + 20000] = 50.0f;
-	l[2 * vocab + 5] = 99.0f;
-	l[2 * vocab + 6] = 98.0f;
-	for (i = 0; i < vocab; i++)
-		l[3 * (size_t) vocab + i] = 1.0f;
-	l[4 * vocab + 262143] = 77.0f;
-	d = gpu_copy(l, (size_t) n * vocab * 4);
-	CHECK_OK(gpu_be->ops->argmax(gpu_be, d, n, vocab, suppress, 3, ids), &(g4_err){0});
+	memset(&sc, 0, sizeof(sc));
 	for (i = 0; i < n; i++)
 	{
+		const sample_params *p = &params[i % n_params];
+		g4_rng		r;
+
+		g4_rng_seed(&r, seed0 + (uint64_t) i);
+		rs[i].temperature = p->temperature;
+		rs[i].top_p = p->top_p;
+		rs[i].min_p = p->min_p;
+		rs[i].top_k = p->top_k;
+		rs[i].u = p->temperature > 0.0f ? g4_rng_uniform(&r) : 0.0;
+	}
+	t0 = now_s();
+	if (gpu_be->ops->sample(gpu_be, d, n, vocab, suppress, n_suppress, rs, ids) != G4_OK)
+	{
+		gpu_be->ops->sync(gpu_be, &err);
+		fprintf(stderr, "device sampling failed: %s\n", err.msg);
+		exit(2);
+	}
+	*seconds = now_s() - t0;
+	for (i = 0; i < n; i++)
+	{
+		const sample_params *p = &params[i % n_params];
 		g4_sampling sp;
-		g4_sampler_scratch sc;
+		g4_rng		r;
 		int32_t		want;
 
-		memset(&sc, 0, sizeof(sc));
 		g4_sampling_default(&sp);
-		want = g4_sample(l + (size_t) i * vocab, vocab, &sp, NULL, suppress, 3, NULL, &sc);
-		g4_sampler_scratch_free(&sc);
-		bad += want != ids[i];
+		sp.temperature = p->temperature;
+		sp.top_p = p->top_p;
+		sp.min_p = p->min_p;
+		sp.top_k = p->top_k;
+		g4_rng_seed(&r, seed0 + (uint64_t) i);
+		memcpy(row, rows + (size_t) i * vocab, (size_t) vocab * 4);
+		want = g4_sample(row, vocab, &sp, NULL, suppress, n_suppress, &r, &sc);
+		if (want != ids[i])
+		{
+			bad++;
+			printf("    row %d (T %g, top_k %d, top_p %g, min_p %g, u %.9f): device %d, host %d\n", i,
+				   (double) p->temperature, p->top_k, (double) p->top_p, (double) p->min_p, rs[i].u, ids[i], want);
+		}
 	}
-	report("argmax", "7 rows x 262144, ties, suppressed ids (rows differing)", (double) bad, 0);
+	g4_sampler_scratch_free(&sc);
 	gpu_be->ops->free(gpu_be, d);
+	free(row);
+	free(rs);
+	free(ids);
+	return bad;
+}
+
+/*
+ * The device sampler against g4_sample: the same rows, parameters and draws.
+ * Bound: no id differs.  Both sides compute e with float32 sub, div and
+ * expf (CUDA's expf is within 2 ulp, the host's correctly rounded in most
+ * cases) and sum the same integer weights, so an id can differ only where a
+ * filter boundary or the draw falls within an ulp of an e: ~1e-7 per check,
+ * not expected in a few hundred.
+ */
+G4_TEST(gpu_sample)
+{
+	static const sample_params params[] = {
+		{0.0f, 1.0f, 0.0f, 0},		/* greedy */
+		{1.0f, 1.0f, 0.0f, 0},		/* plain temperature */
+		{0.7f, 0.95f, 0.0f, 0},
+		{1.0f, 1.0f, 0.0f, 40},
+		{1.3f, 0.9f, 0.0f, 64},
+		{1.0f, 1.0f, 0.05f, 0},
+		{0.8f, 0.5f, 0.02f, 3000},
+		{2.0f, 0.999f, 0.0f, 1},
+		{1.6f, 1.0f, 0.0f, 200000},
+		{1.0f, 0.3f, 0.0f, 0},
+	};
+	int			np = (int) G4_ARRAY_LEN(params);
+	int32_t		suppress[3] = {5, 262143, 100};
+	int			vocab = 262144;
+	int			n = 40;
+	float	   *l = malloc((size_t) n * vocab * 4);
+	double		secs;
+	int			i,
+				r,
+				bad;
+	char		label[96];
+
+	NEED_GPU();
+	if (!gpu_be->ops->sample)
+		G4_SKIP("no device sampler");
+
+	/* Gemma-like rows: normal logits soft-capped at 30, a few large ones */
+	reseed(8);
+	for (r = 0; r < n; r++)
+	{
+		float	   *x = l + (size_t) r * vocab;
+
+		fill_normal(x, (size_t) vocab, 3.0f);
+		for (i = 0; i < 20; i++)
+			x[rnd() % (uint64_t) vocab] += (float) (8.0 + 8.0 * unif());
+		for (i = 0; i < vocab; i++)
+			x[i] = 30.0f * tanhf(x[i] / 30.0f);
+	}
+	/* a suppressed maximum, ties of the maximum, an all-equal row */
+	l[2 * (size_t) vocab + 5] = 99.0f;
+	l[3 * (size_t) vocab + 10] = l[3 * (size_t) vocab + 20000] = 50.0f;
+	for (i = 0; i < vocab; i++)
+		l[4 * (size_t) vocab + i] = 1.0f;
+	bad = sample_case(l, n, vocab, params, np, 1000, suppress, 3, &secs);
+	snprintf(label, sizeof(label), "%d rows x 262144, 10 settings (ids differing)", n);
+	report("sample", label, (double) bad, 0);
+	printf("    device sampler, %d rows x 262,144: %.2f ms (one call, copies included)\n", n, secs * 1e3);
+
+	/* heavy ties: logits on a grid of 8 values, every filter cutting through them */
+	for (r = 0; r < n; r++)
+		for (i = 0; i < vocab; i++)
+			l[(size_t) r * vocab + i] = (float) (rnd() % 8) * 0.5f;
+	bad = sample_case(l, n, vocab, params, np, 2000, suppress, 3, &secs);
+	report("sample", "40 rows of 8 tied values, 10 settings (ids differing)", (double) bad, 0);
+
+	/* a small vocabulary (fewer ids than threads) */
+	reseed(9);
+	fill_normal(l, (size_t) n * 300, 2.0f);
+	bad = sample_case(l, n, 300, params, np, 3000, suppress, 1, &secs);
+	report("sample", "40 rows x 300, 10 settings (ids differing)", (double) bad, 0);
+
+	/* the same call twice: the same ids */
+	{
+		static const sample_params one[] = {{1.0f, 0.95f, 0.0f, 0}};
+		float	   *d = gpu_copy(l, (size_t) 8 * 300 * 4);
+		float	   *d2 = gpu_copy(l, (size_t) 8 * 300 * 4);
+		g4_row_sampling rs[8];
+		int32_t		a[8],
+					b[8];
+		g4_err		err;
+
+		for (i = 0; i < 8; i++)
+		{
+			rs[i].temperature = one[0].temperature;
+			rs[i].top_p = one[0].top_p;
+			rs[i].min_p = one[0].min_p;
+			rs[i].top_k = one[0].top_k;
+			rs[i].u = (i + 0.5) / 8.0;
+		}
+		CHECK_OK(gpu_be->ops->sample(gpu_be, d, 8, 300, NULL, 0, rs, a), &err);
+		CHECK_OK(gpu_be->ops->sample(gpu_be, d2, 8, 300, NULL, 0, rs, b), &err);
+		report("sample", "the same rows and draws twice (ids differing)", (double) (memcmp(a, b, sizeof(a)) != 0), 0);
+		gpu_be->ops->free(gpu_be, d);
+		gpu_be->ops->free(gpu_be, d2);
+	}
+
+	/* time at the serving shapes: 1 and 64 rows, top_p 0.95 */
+	{
+		static const sample_params tp[] = {{1.0f, 0.95f, 0.0f, 0}, {1.0f, 1.0f, 0.0f, 0}, {1.0f, 1.0f, 0.0f, 40}};
+		int			k;
+
+		for (k = 0; k < 3; k++)
+		{
+			float	   *big = malloc((size_t) 64 * vocab * 4);
+
+			reseed(10);
+			fill_normal(big, (size_t) 64 * vocab, 3.0f);
+			sample_case(big, 1, vocab, &tp[k], 1, 5000, NULL, 0, &secs);
+			printf("    device sampler timing (T 1, top_p %g, top_k %d): 1 row %.3f ms", (double) tp[k].top_p,
+				   tp[k].top_k, secs * 1e3);
+			sample_case(big, 64, vocab, &tp[k], 1, 6000, NULL, 0, &secs);
+			printf(", 64 rows %.3f ms (copies included)\n", secs * 1e3);
+			free(big);
+		}
+	}
 	free(l);
 }
 

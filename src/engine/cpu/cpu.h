@@ -56,7 +56,7 @@ int			g4_cpu_head_norm_rope(g4_backend *be, float *x, int n, int stride, int hea
 								  const float *w, float eps, const float *inv_freq);
 int			g4_cpu_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
 int			g4_cpu_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
-							   int dim, float eps, float scale);
+							   int dim, float eps, float scale, const float *next_w, float *y);
 int			g4_cpu_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
 int			g4_cpu_softcap(g4_backend *be, float *x, size_t count, float cap);
 /* matmul.c */

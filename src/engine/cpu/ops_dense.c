@@ -202,6 +202,8 @@ typedef struct
 	int			dim;
 	float		eps;
 	float		scale;
+	const float *next_w;
+	float	   *y;
 } addnorm_ctx;
 
 static void
@@ -219,13 +221,21 @@ addnorm_item(void *arg, int64_t t, int thread)
 
 		x[i] = a->scale == 1.0f ? v : v * a->scale;
 	}
+	if (a->y)
+	{
+		float	   *y = a->y + (size_t) t * a->dim;
+
+		f = rms_factor(x, a->dim, a->eps);
+		for (i = 0; i < a->dim; i++)
+			y[i] = (x[i] * f) * a->next_w[i];
+	}
 }
 
 int
 g4_cpu_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n, int dim,
-				   float eps, float scale)
+				   float eps, float scale, const float *next_w, float *y)
 {
-	addnorm_ctx a = {x, h, w, dim, eps, scale};
+	addnorm_ctx a = {x, h, w, dim, eps, scale, next_w, y};
 
 	g4_pool_run(g4_cpu_of(be)->pool, n, addnorm_item, &a);
 	return G4_OK;
