@@ -289,12 +289,16 @@ g4c_split_bf16(float x0, float x1, uint32_t *hi, uint32_t *lo)
 	*lo = g4c_pack_bf16(x0 - hf.x, x1 - hf.y);
 }
 
-/* The bf16 pair (code - 8) of nibbles p and p + 4 of a packed I4 word. */
+/* The bf16 pair (code - 8) of nibbles p and p + 4 of a packed I4 word:
+ * {128 + c, 128 + c'} by (a & b) | c in one lop3 (written plainly, ptxas
+ * emits two instructions), then one subtraction. */
 __device__ __forceinline__ uint32_t
 g4c_i4_pair(uint32_t w, int p)
 {
-	uint32_t	v = ((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
+	uint32_t	v;
 	uint32_t	k = 0x43084308u;	/* bf16 pair {136, 136} */
+
+	asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(v) : "r"(w >> (4 * p)), "n"(0x000F000F), "n"(0x43004300));
 	__nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&v), *reinterpret_cast<__nv_bfloat162 *>(&k));
 
 	return *reinterpret_cast<uint32_t *>(&r);
@@ -421,6 +425,8 @@ int			g4c_kv_store(g4_backend *be, const g4_kv_layer *L, const float *k, int k_s
 /* attention.cu */
 int			g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride,
 						  int n, float *out);
+/* gemv_w4.cu */
+int			g4c_gemv_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 /* matmul_w4.cu / matmul_dense.cu */
 int			g4c_matmul(g4_backend *be, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);

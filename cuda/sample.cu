@@ -180,7 +180,10 @@ id_range(int vocab, int *lo, int *hi)
 
 /* Histogram adds through a two-entry cache of (bin, sum) in registers: the
  * early passes put most elements into a few bins, which would otherwise
- * serialise on the same shared-memory words. */
+ * serialise on the same shared-memory words (a 64-bit shared atomic add is a
+ * compare-and-swap loop).  For the same reason every pair of warps adds into
+ * its own copy of the histogram; the copies are summed before the scan. */
+#define HIST_COPIES 16
 struct bin_cache
 {
 	int			b0,
@@ -225,6 +228,7 @@ cache_flush(bin_cache &c, uint64_t *hist)
 __device__ void
 narrow(const float *row, int vocab, kept_set &s, bool count, double param)
 {
+	__shared__ uint64_t copies[HIST_COPIES][256];
 	__shared__ uint64_t hist[256];
 	__shared__ uint32_t prefix;
 	__shared__ uint64_t acc;	/* weight of the kept elements before the prefix's range */
@@ -242,18 +246,28 @@ narrow(const float *row, int vocab, kept_set &s, bool count, double param)
 	{
 		bin_cache	c = {-1, -1, 0, 0};
 		uint32_t	high_mask = shift == 24 ? 0u : ~0u << (shift + 8);
+		uint64_t   *mine = copies[(threadIdx.x >> 5) % HIST_COPIES];
 
-		for (int b = threadIdx.x; b < 256; b += SAMPLE_THREADS)
-			hist[b] = 0;
+		for (int b = threadIdx.x; b < HIST_COPIES * 256; b += SAMPLE_THREADS)
+			copies[b / 256][b % 256] = 0;
 		__syncthreads();
 		for (int i = threadIdx.x; i < vocab; i += SAMPLE_THREADS)
 		{
 			uint32_t	key = __float_as_uint(row[i]);
 
 			if (kept(cur, key, i) && (key & high_mask) == (prefix & high_mask))
-				cache_add(c, hist, (int) ((key >> shift) & 255u), count ? 1 : fixed_weight(key));
+				cache_add(c, mine, (int) ((key >> shift) & 255u), count ? 1 : fixed_weight(key));
 		}
-		cache_flush(c, hist);
+		cache_flush(c, mine);
+		__syncthreads();
+		for (int b = threadIdx.x; b < 256; b += SAMPLE_THREADS)
+		{
+			uint64_t	sum = 0;
+
+			for (int k = 0; k < HIST_COPIES; k++)
+				sum += copies[k][b];
+			hist[b] = sum;
+		}
 		__syncthreads();
 		if (threadIdx.x == 0)
 		{
@@ -293,6 +307,8 @@ narrow(const float *row, int vocab, kept_set &s, bool count, double param)
 		int			lo,
 					hi;
 
+		if (threadIdx.x == 0)
+			found = -1;
 		id_range(vocab, &lo, &hi);
 		for (int i = lo; i < hi; i++)
 			n += __float_as_uint(row[i]) == key && kept(cur, key, i);
@@ -308,8 +324,11 @@ narrow(const float *row, int vocab, kept_set &s, bool count, double param)
 				}
 		}
 		__syncthreads();
-		s.bkey = key;
-		s.bid = found;
+		if (found >= 0)			/* always, by construction: the last pass's bin reached */
+		{
+			s.bkey = key;
+			s.bid = found;
+		}
 		__syncthreads();
 	}
 }

@@ -368,7 +368,7 @@ breakdown(int n, int ctx)
 			int			what;
 			int			kind;	/* 0 sliding layer, 1 full layer, 2 once per step */
 		}			ops[] = {
-			{"rmsnorm (x2/layer)", OP_RMSNORM, 0},
+			{"rmsnorm (first layer, final)", OP_RMSNORM, 2},
 			{"matmul qkv sliding", OP_MATMUL, 10},
 			{"matmul qkv full", OP_MATMUL, 11},
 			{"q norm+rope sliding", OP_QNORM, 0},
@@ -381,7 +381,7 @@ breakdown(int n, int ctx)
 			{"attention full", OP_ATTN, 1},
 			{"matmul o sliding", OP_MATMUL, 20},
 			{"matmul o full", OP_MATMUL, 21},
-			{"add_rmsnorm (x2/layer)", OP_ADDNORM, 0},
+			{"add_rmsnorm + next norm (x2/layer)", OP_ADDNORM, 0},
 			{"matmul gate_up", OP_MATMUL, 30},
 			{"geglu", OP_GEGLU, 0},
 			{"matmul down", OP_MATMUL, 40},
@@ -403,7 +403,9 @@ breakdown(int n, int ctx)
 			a.n = n;
 			a.layer = (ops[k].kind % 10 == 1 || ops[k].kind == 1) ? fu : sl;
 			per = ops[k].kind == 2 ? 1 : layers[(ops[k].kind % 10 == 1 || ops[k].kind == 1) ? 1 : 0];
-			if (ops[k].what == OP_RMSNORM || ops[k].what == OP_ADDNORM)
+			if (ops[k].what == OP_RMSNORM)
+				per = 2;
+			if (ops[k].what == OP_ADDNORM)
 				per = 2 * c->n_layers;
 			if (ops[k].what == OP_GEGLU)
 				per = c->n_layers;

@@ -8,7 +8,7 @@
 # bench     per-operation and per-step figures on the 12B shape (bench-gpu)
 # hf        transformers on the same 12B-shaped checkpoint, side by side
 # sanitize  compute-sanitizer memcheck on one parity test
-# engine    the whole engine (scheduler, step graphs, device argmax) through
+# engine    the whole engine (scheduler, step graphs, device sampling) through
 #           gemma4-run: batch 1, 16 and 64 with 2k prompts
 # pg        PostgreSQL end to end (test/gpu/pg-e2e.sh; needs build/device)
 # lab       the int4 GEMV experiment (cuda/lab/gemv_lab.cu)

@@ -6,7 +6,7 @@
  * the bound it must meet, with the reason for that bound:
  *  - exact: integer / copy / encode operations must agree bit for bit
  *    (embedding rows, logit-row gathering, the KV encodings, the sampler's
- *    choice);
+ *    choice), and so must a matmul repeated on the same inputs;
  *  - float32-class: float32 arithmetic in another order (norms, RoPE with
  *    sincosf's 2-ulp error, float32 and split-bf16 matmuls): max |gpu - cpu|
  *    relative to the magnitude of the terms involved, 3e-5 at most;
@@ -323,8 +323,11 @@ host_w_free(host_w *w)
 
 /* ---- matmul ----------------------------------------------------------------------- */
 
+/* One weight (the parts fused) against the CPU backend for each row count of
+ * ns, fresh activations each time; then the same product again on the GPU,
+ * which must be bit for bit the first (deterministic reductions). */
 static void
-matmul_case(int fmt, int n_parts, const int64_t *outs, int64_t in, int n)
+matmul_cases(int fmt, int n_parts, const int64_t *outs, int64_t in, const int *ns, int count)
 {
 	host_w		hw[4];
 	g4_host_weight parts[4],
@@ -333,20 +336,10 @@ matmul_case(int fmt, int n_parts, const int64_t *outs, int64_t in, int n)
 			   *wg = NULL,
 			   *wa = NULL;
 	int64_t		out = 0;
-	int			p;
-	float	   *x,
-			   *ax,
-			   *yc,
-			   *yg,
-			   *ya,
-			   *absw;
-	float	   *dx,
-			   *dy;
+	int			p,
+				c;
+	float	   *absw;
 	g4_err		err;
-	double		worst = 0.0;
-	size_t		i;
-	char		label[128];
-	int			bf16_class = (fmt == G4_W_I4G32 || fmt == G4_W_BF16) && in > 256 && n > 16;
 
 	for (p = 0; p < n_parts; p++)
 	{
@@ -354,15 +347,7 @@ matmul_case(int fmt, int n_parts, const int64_t *outs, int64_t in, int n)
 		parts[p] = hw[p].hw;
 		out += outs[p];
 	}
-	x = malloc((size_t) n * (size_t) in * 4);
-	ax = malloc((size_t) n * (size_t) in * 4);
-	yc = malloc((size_t) n * (size_t) out * 4);
-	yg = malloc((size_t) n * (size_t) out * 4);
-	ya = malloc((size_t) n * (size_t) out * 4);
 	absw = malloc((size_t) out * (size_t) in * 4);
-	fill_normal(x, (size_t) n * (size_t) in, 1.0f);
-	for (i = 0; i < (size_t) n * (size_t) in; i++)
-		ax[i] = fabsf(x[i]);
 	/* Σ|w·x| per output, through the CPU backend on |W| and |x| */
 	{
 		int64_t		r0 = 0;
@@ -392,41 +377,84 @@ matmul_case(int fmt, int n_parts, const int64_t *outs, int64_t in, int n)
 	CHECK_OK(cpu_be->ops->weight_create(cpu_be, parts, n_parts, &wc, &err), &err);
 	CHECK_OK(cpu_be->ops->weight_create(cpu_be, &abs_part, 1, &wa, &err), &err);
 	CHECK_OK(gpu_be->ops->weight_create(gpu_be, parts, n_parts, &wg, &err), &err);
-	CHECK_OK(cpu_be->ops->matmul(cpu_be, wc, x, n, yc), &err);
-	CHECK_OK(cpu_be->ops->matmul(cpu_be, wa, ax, n, ya), &err);
-	dx = gpu_copy(x, (size_t) n * (size_t) in * 4);
-	dy = gpu_alloc((size_t) n * (size_t) out * 4);
-	gpu_be->ops->fill(gpu_be, dy, 0xff, (size_t) n * (size_t) out * 4);	/* NaN: every element must be written */
-	CHECK_OK(gpu_be->ops->matmul(gpu_be, wg, dx, n, dy), &err);
-	gpu_get(yg, dy, (size_t) n * (size_t) out * 4);
-	for (i = 0; i < (size_t) n * (size_t) out; i++)
+	for (c = 0; c < count; c++)
 	{
-		double		e = fabs((double) yg[i] - (double) yc[i]) / ((double) ya[i] + 1e-30);
+		int			n = ns[c];
+		size_t		ny = (size_t) n * (size_t) out;
+		float	   *x = malloc((size_t) n * (size_t) in * 4),
+				   *ax = malloc((size_t) n * (size_t) in * 4),
+				   *yc = malloc(ny * 4),
+				   *yg = malloc(ny * 4),
+				   *yg2 = malloc(ny * 4),
+				   *ya = malloc(ny * 4);
+		float	   *dx,
+				   *dy,
+				   *dy2;
+		double		worst = 0.0;
+		size_t		i,
+					differ = 0;
+		char		label[128];
+		int			bf16_class = (fmt == G4_W_I4G32 || fmt == G4_W_BF16) && in > 256 && n > 16;
 
-		if (e > worst || e != e)
-			worst = e;
+		fill_normal(x, (size_t) n * (size_t) in, 1.0f);
+		for (i = 0; i < (size_t) n * (size_t) in; i++)
+			ax[i] = fabsf(x[i]);
+		CHECK_OK(cpu_be->ops->matmul(cpu_be, wc, x, n, yc), &err);
+		CHECK_OK(cpu_be->ops->matmul(cpu_be, wa, ax, n, ya), &err);
+		dx = gpu_copy(x, (size_t) n * (size_t) in * 4);
+		dy = gpu_alloc(ny * 4);
+		dy2 = gpu_alloc(ny * 4);
+		/* NaN: every element must be written */
+		gpu_be->ops->fill(gpu_be, dy, 0xff, ny * 4);
+		gpu_be->ops->fill(gpu_be, dy2, 0xff, ny * 4);
+		CHECK_OK(gpu_be->ops->matmul(gpu_be, wg, dx, n, dy), &err);
+		CHECK_OK(gpu_be->ops->matmul(gpu_be, wg, dx, n, dy2), &err);
+		gpu_get(yg, dy, ny * 4);
+		gpu_get(yg2, dy2, ny * 4);
+		for (i = 0; i < ny; i++)
+		{
+			double		e = fabs((double) yg[i] - (double) yc[i]) / ((double) ya[i] + 1e-30);
+
+			if (e > worst || e != e)
+				worst = e;
+			if (memcmp(&yg[i], &yg2[i], 4) != 0)
+				differ++;
+		}
+		snprintf(label, sizeof(label), "%s n=%d out=%lld%s in=%lld", g4_wfmt_name(fmt), n, (long long) out,
+				 n_parts > 1 ? " (fused)" : "", (long long) in);
+		report("matmul", label, worst, bf16_class ? 8e-3 : 3e-5);
+		/* exact: the count of outputs that differ between the two calls */
+		report("matmul repeat", label, (double) differ, 0.0);
+		gpu_be->ops->free(gpu_be, dx);
+		gpu_be->ops->free(gpu_be, dy);
+		gpu_be->ops->free(gpu_be, dy2);
+		free(x);
+		free(ax);
+		free(yc);
+		free(yg);
+		free(yg2);
+		free(ya);
 	}
-	snprintf(label, sizeof(label), "%s n=%d out=%lld%s in=%lld", g4_wfmt_name(fmt), n, (long long) out,
-			 n_parts > 1 ? " (fused)" : "", (long long) in);
-	report("matmul", label, worst, bf16_class ? 8e-3 : 3e-5);
-	gpu_be->ops->free(gpu_be, dx);
-	gpu_be->ops->free(gpu_be, dy);
 	gpu_be->ops->weight_destroy(gpu_be, wg);
 	cpu_be->ops->weight_destroy(cpu_be, wc);
 	cpu_be->ops->weight_destroy(cpu_be, wa);
 	for (p = 0; p < n_parts; p++)
 		host_w_free(&hw[p]);
-	free(x);
-	free(ax);
-	free(yc);
-	free(yg);
-	free(ya);
 	free(absw);
 }
 
+static void
+matmul_case(int fmt, int n_parts, const int64_t *outs, int64_t in, int n)
+{
+	matmul_cases(fmt, n_parts, outs, in, &n, 1);
+}
+
+/* 1 to 4 rows run the int4 GEMV (gemv_w4.cu), 5 to 64 the skinny kernel,
+ * more the gemm (matmul.cuh). */
 G4_TEST(gpu_matmul_int4)
 {
-	static const int ns[] = {1, 3, 8, 11, 16, 24, 64, 100, 300};
+	static const int ns[] = {1, 2, 3, 4, 8, 11, 16, 24, 64, 100, 300};
+	static const int gemv_ns[] = {1, 2, 3, 4};
 	size_t		i;
 
 	NEED_GPU();
@@ -436,10 +464,12 @@ G4_TEST(gpu_matmul_int4)
 		int64_t		o1[] = {4096};
 		int64_t		o3[] = {512, 256, 256};
 		int64_t		odd[] = {1000};
+		int64_t		half[] = {520, 250};	/* in % 64 == 32: a half-padded last k-tile */
 
 		matmul_case(G4_W_I4G32, 1, o1, 3840, ns[i]);
 		matmul_case(G4_W_I4G32, 3, o3, 640, ns[i]);
 		matmul_case(G4_W_I4G32, 1, odd, 1024, ns[i]);
+		matmul_case(G4_W_I4G32, 2, half, 672, ns[i]);
 	}
 	{
 		int64_t		down[] = {3840};
@@ -450,6 +480,22 @@ G4_TEST(gpu_matmul_int4)
 		matmul_case(G4_W_I4G32, 1, down, 15360, 200);
 		matmul_case(G4_W_I4G32, 3, small, 64, 7);
 		matmul_case(G4_W_I4G32, 3, small, 64, 139);
+	}
+	/* The 12B decode shapes at 1 to 4 rows (K split over blocks), and a wide
+	 * one whose K stays unsplit (282 unit groups: two splits are more blocks
+	 * than the H200 holds at once), its rows and columns both padded. */
+	{
+		int64_t		qkv[] = {4096, 1024, 1024};
+		int64_t		gate_up[] = {15360, 15360};
+		int64_t		down[] = {3840};
+		int64_t		o[] = {3840};
+		int64_t		wide[] = {36008};
+
+		matmul_cases(G4_W_I4G32, 3, qkv, 3840, gemv_ns, 4);
+		matmul_cases(G4_W_I4G32, 2, gate_up, 3840, gemv_ns, 4);
+		matmul_cases(G4_W_I4G32, 1, down, 15360, gemv_ns, 4);
+		matmul_cases(G4_W_I4G32, 1, o, 4096, gemv_ns, 4);
+		matmul_cases(G4_W_I4G32, 1, wide, 672, gemv_ns, 4);
 	}
 }
 
@@ -575,7 +621,9 @@ max_rel(const float *a, const float *ref, size_t n)
 
 G4_TEST(gpu_rmsnorm_and_residual)
 {
-	static const int shapes[][2] = {{1, 3840}, {7, 640}, {64, 64}, {3, 2048}, {130, 3840}};
+	/* rows of a multiple of 4 floats up to 4,096 take the register kernel,
+	 * 5,002 the loop */
+	static const int shapes[][2] = {{1, 3840}, {7, 640}, {64, 64}, {3, 2048}, {130, 3840}, {2, 5002}};
 	size_t		s;
 	g4_err		err;
 
@@ -1309,7 +1357,7 @@ typedef struct
 	void		(*make) (meta_buf *mb, int g, int window);
 } attn_shape;
 
-/* four decodes at contexts 1, 37, 1500, 4096 */
+/* four decodes at contexts 1, 37, 1500, 4096 (one alone: the 4096) */
 static void
 shape_decode(meta_buf *mb, int g, int window)
 {
@@ -1318,9 +1366,10 @@ shape_decode(meta_buf *mb, int g, int window)
 
 	for (i = 0; i < mb->n; i++)
 	{
-		int			p = ctx[i % 4] - 1;
+		int			s = mb->n == 1 ? 3 : i % 4;
+		int			p = ctx[s] - 1;
 
-		mb->slot[i] = i % 4;
+		mb->slot[i] = s;
 		mb->pos[i] = p;
 		mb->hi[g][i] = p + 1;
 		mb->lo[g][i] = g == 0 ? G4_MAX(0, p - window + 1) : 0;
@@ -1449,18 +1498,20 @@ attention_suite(int small, int exact16)
 		{
 			int			gq = P.heads / P.nkv[g];
 			/* which kernel runs: tensor cores for head_dim 256/512 when
-			 * gq >= 8 or n >= 64, float32 otherwise */
-			int			tc_decode = !small && gq >= 8;
-			int			tc_prefill = !small;
+			 * gq >= 8 or the step has 2 tokens or more, float32 otherwise */
+			int			tc_one = !small && gq >= 8;
+			int			tc_many = !small;
 			double		tc_bound = exact16 ? 2e-3 : 0.1;
 
 			fill_context(&P, g, 0, len, exact16);
-			attn_case(&P, g, "decode", 4, shape_decode, exact16, tc_decode ? tc_bound : 2e-5,
-					  tc_decode ? "attention(tc)" : "attention(f32)");
-			attn_case(&P, g, "prefill+decode", 98, shape_prefill, exact16, tc_prefill ? tc_bound : 2e-5,
-					  tc_prefill ? "attention(tc)" : "attention(f32)");
-			attn_case(&P, g, "prefill short", 12, shape_prefill, exact16,
-					  (!small && gq >= 8) ? tc_bound : 2e-5, (!small && gq >= 8) ? "attention(tc)" : "attention(f32)");
+			attn_case(&P, g, "decode", 1, shape_decode, exact16, tc_one ? tc_bound : 2e-5,
+					  tc_one ? "attention(tc)" : "attention(f32)");
+			attn_case(&P, g, "decode", 4, shape_decode, exact16, tc_many ? tc_bound : 2e-5,
+					  tc_many ? "attention(tc)" : "attention(f32)");
+			attn_case(&P, g, "prefill+decode", 98, shape_prefill, exact16, tc_many ? tc_bound : 2e-5,
+					  tc_many ? "attention(tc)" : "attention(f32)");
+			attn_case(&P, g, "prefill short", 12, shape_prefill, exact16, tc_many ? tc_bound : 2e-5,
+					  tc_many ? "attention(tc)" : "attention(f32)");
 		}
 		pool_free(&P);
 	}
