@@ -2,8 +2,8 @@
  * matmul.cuh — the tensor-core matmul kernels shared by the packed weight
  * formats (W_I4, W_BF16; layouts in cuda_common.cuh): y[n][N] = x[n][K]·Wᵀ.
  *
- * skinny (decode, n <= 64; for int4 weights 5 to 64 rows: 1 to 4 go to the
- * GEMV of gemv_w4.cu, which reuses its staging layout, tile_mma and
+ * skinny (decode, n <= 64; for int4 weights 17 to 64 rows: 1 to 16 go to the
+ * GEMV of gemv_w4.cu, which reuses its SPLIT staging layout, tile_mma and
  * skinny_item_end): weights are the A operand (16 output rows per
  * m16n8k16 tile), the n token rows the B operand (n8 tiles), so a step of
  * 1..8 tokens wastes nothing but the unused B columns.  A persistent grid;

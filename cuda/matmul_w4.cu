@@ -2,7 +2,7 @@
  * matmul_w4.cu — int4 group-32 weights (compressed-tensors pack-quantized):
  * the repacking into tensor-core fragment order at upload, the matmul entry
  * point for every device weight kind, and the int4 dispatch by row count:
- * 1 to 4 rows to the GEMV (gemv_w4.cu), 5 to 64 to the skinny kernel and
+ * 1 to 16 rows to the GEMV (gemv_w4.cu), 17 to 64 to the skinny kernel and
  * more to the gemm (matmul.cuh).
  *
  * Device memory of an int4 weight: exactly the checkpoint's bytes (0.5 byte
@@ -64,7 +64,7 @@ g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_s
 int
 g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
-	if (n >= 1 && n <= 4)
+	if (n >= 1 && n <= 16)
 		return g4c_gemv_i4(c, w, x, n, y);
 	return packed_matmul<G4C_W_I4>(c, w, x, n, y);
 }

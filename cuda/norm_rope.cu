@@ -214,7 +214,16 @@ g4c_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
 					  next_w, y);
 }
 
-/* One warp per (token, head); lane handles the rotation pairs j, j + hd/2. */
+#define HNR_PAIRS 8				/* rotation pairs per lane: head_dim up to 512 */
+
+/*
+ * One warp per (token, head); lane handles the rotation pairs j, j + hd/2
+ * (j = lane + 32 p).  The weights and the rotation's sines and cosines are
+ * computed before the wait for the previous kernel (weights and positions are
+ * never written by a kernel of the step: the positions are uploaded before
+ * the step's first kernel), and the head is held in registers, so the chain
+ * of the step waits only for the loads of x and the two sums.
+ */
 __global__ void
 head_norm_rope_kernel(float *x, int n, int stride, int heads, int hd, const float *w, float eps,
 					  const float *inv_freq, const int32_t *pos)
@@ -222,50 +231,78 @@ head_norm_rope_kernel(float *x, int n, int stride, int heads, int hd, const floa
 	int			item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
 	int			lane = threadIdx.x & 31;
 	int			half = hd / 2;
+	bool		live = item < n * heads;
+	int			t = live ? item / heads : 0;
+	float		wa[HNR_PAIRS],
+				wb[HNR_PAIRS],
+				sn[HNR_PAIRS],
+				cs[HNR_PAIRS],
+				a[HNR_PAIRS],
+				b[HNR_PAIRS];
+	bool		rot[HNR_PAIRS];
 	double		ss = 0.0;
 	float	   *xh;
 	float		f;
-	int			t;
 
 	g4c_pdl_trigger();
-	g4c_pdl_wait();
-	if (item >= n * heads)
-		return;
-	t = item / heads;
-	xh = x + (size_t) t * (size_t) stride + (size_t) (item % heads) * (size_t) hd;
-	for (int j = lane; j < half; j += 32)
+#pragma unroll
+	for (int p = 0; p < HNR_PAIRS; p++)
 	{
-		double		a = xh[j],
-					b = xh[j + half];
+		int			j = lane + 32 * p;
 
-		ss += a * a + b * b;
+		rot[p] = false;
+		wa[p] = wb[p] = 1.0f;	/* no weight: x * f * 1 is x * f exactly */
+		if (live && j < half)
+		{
+			if (w)
+			{
+				wa[p] = w[j];
+				wb[p] = w[j + half];
+			}
+			rot[p] = inv_freq && inv_freq[j] != 0.0f;
+			if (rot[p])
+				sincosf(__fmul_rn((float) pos[t], inv_freq[j]), &sn[p], &cs[p]);
+		}
+	}
+	g4c_pdl_wait();
+	if (!live)
+		return;
+	xh = x + (size_t) t * (size_t) stride + (size_t) (item % heads) * (size_t) hd;
+#pragma unroll
+	for (int p = 0; p < HNR_PAIRS; p++)
+	{
+		int			j = lane + 32 * p;
+
+		if (j < half)
+		{
+			a[p] = xh[j];
+			b[p] = xh[j + half];
+			ss += (double) a[p] * a[p] + (double) b[p] * b[p];
+		}
 	}
 	for (int o = 16; o > 0; o >>= 1)
 		ss += __shfl_xor_sync(0xffffffffu, ss, o);
 	f = rms_factor(ss, hd, eps);
-	for (int j = lane; j < half; j += 32)
+#pragma unroll
+	for (int p = 0; p < HNR_PAIRS; p++)
 	{
-		float		a = __fmul_rn(xh[j], f);
-		float		b = __fmul_rn(xh[j + half], f);
+		int			j = lane + 32 * p;
 
-		if (w)
+		if (j < half)
 		{
-			a = __fmul_rn(a, w[j]);
-			b = __fmul_rn(b, w[j + half]);
-		}
-		if (inv_freq && inv_freq[j] != 0.0f)
-		{
-			float		s,
-						co;
+			float		u = __fmul_rn(__fmul_rn(a[p], f), wa[p]);
+			float		v = __fmul_rn(__fmul_rn(b[p], f), wb[p]);
 
-			sincosf(__fmul_rn((float) pos[t], inv_freq[j]), &s, &co);
-			xh[j] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, s));
-			xh[j + half] = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, s));
-		}
-		else
-		{
-			xh[j] = a;
-			xh[j + half] = b;
+			if (rot[p])
+			{
+				xh[j] = __fsub_rn(__fmul_rn(u, cs[p]), __fmul_rn(v, sn[p]));
+				xh[j + half] = __fadd_rn(__fmul_rn(v, cs[p]), __fmul_rn(u, sn[p]));
+			}
+			else
+			{
+				xh[j] = u;
+				xh[j + half] = v;
+			}
 		}
 	}
 }
@@ -279,7 +316,7 @@ g4c_head_norm_rope(g4_backend *be, float *x, int n, int stride, int heads, int h
 
 	if (items <= 0)
 		return G4_OK;
-	if (hd % 2 != 0)
+	if (hd % 2 != 0 || hd / 2 > 32 * HNR_PAIRS)
 		return G4_ERR_UNSUPPORTED;
 	return g4c_launch(c, "head_norm_rope", head_norm_rope_kernel, dim3((items + 3) / 4), dim3(128), 0, x, n, stride,
 					  heads, hd, w, eps, inv_freq, (const int32_t *) c->d_pos);

@@ -449,12 +449,13 @@ matmul_case(int fmt, int n_parts, const int64_t *outs, int64_t in, int n)
 	matmul_cases(fmt, n_parts, outs, in, &n, 1);
 }
 
-/* 1 to 4 rows run the int4 GEMV (gemv_w4.cu), 5 to 64 the skinny kernel,
- * more the gemm (matmul.cuh). */
+/* 1 to 16 rows run the int4 GEMV (gemv_w4.cu: 1, 2 or 4 n8 tiles of 4 rows
+ * each), 17 to 64 the skinny kernel, more the gemm (matmul.cuh).  The GEMV
+ * row counts fill each tile count partly and wholly. */
 G4_TEST(gpu_matmul_int4)
 {
-	static const int ns[] = {1, 2, 3, 4, 8, 11, 16, 24, 64, 100, 300};
-	static const int gemv_ns[] = {1, 2, 3, 4};
+	static const int ns[] = {1, 2, 3, 4, 5, 8, 11, 12, 16, 24, 64, 100, 300};
+	static const int gemv_ns[] = {1, 2, 3, 4, 5, 8, 11, 12, 16};
 	size_t		i;
 
 	NEED_GPU();
@@ -481,9 +482,12 @@ G4_TEST(gpu_matmul_int4)
 		matmul_case(G4_W_I4G32, 3, small, 64, 7);
 		matmul_case(G4_W_I4G32, 3, small, 64, 139);
 	}
-	/* The 12B decode shapes at 1 to 4 rows (K split over blocks), and a wide
-	 * one whose K stays unsplit (282 unit groups: two splits are more blocks
-	 * than the H200 holds at once), its rows and columns both padded. */
+	/* The 12B decode shapes at 1 to 16 rows (K split over blocks), and a wide
+	 * one, its rows and columns both padded, whose K stays unsplit up to 8
+	 * rows (282 unit groups: two splits are more blocks than the H200 holds
+	 * at once) and for which no split is all resident at once at 9 to 16
+	 * rows (the GEMV's other split rule).  One weight each, the row counts
+	 * in turn: the gate_up case's |W| copy (~470 MB) is built once. */
 	{
 		int64_t		qkv[] = {4096, 1024, 1024};
 		int64_t		gate_up[] = {15360, 15360};
@@ -491,11 +495,11 @@ G4_TEST(gpu_matmul_int4)
 		int64_t		o[] = {3840};
 		int64_t		wide[] = {36008};
 
-		matmul_cases(G4_W_I4G32, 3, qkv, 3840, gemv_ns, 4);
-		matmul_cases(G4_W_I4G32, 2, gate_up, 3840, gemv_ns, 4);
-		matmul_cases(G4_W_I4G32, 1, down, 15360, gemv_ns, 4);
-		matmul_cases(G4_W_I4G32, 1, o, 4096, gemv_ns, 4);
-		matmul_cases(G4_W_I4G32, 1, wide, 672, gemv_ns, 4);
+		matmul_cases(G4_W_I4G32, 3, qkv, 3840, gemv_ns, G4_ARRAY_LEN(gemv_ns));
+		matmul_cases(G4_W_I4G32, 2, gate_up, 3840, gemv_ns, G4_ARRAY_LEN(gemv_ns));
+		matmul_cases(G4_W_I4G32, 1, down, 15360, gemv_ns, G4_ARRAY_LEN(gemv_ns));
+		matmul_cases(G4_W_I4G32, 1, o, 4096, gemv_ns, G4_ARRAY_LEN(gemv_ns));
+		matmul_cases(G4_W_I4G32, 1, wide, 672, gemv_ns, G4_ARRAY_LEN(gemv_ns));
 	}
 }
 
