@@ -359,6 +359,7 @@ typedef struct G4Request
 	uint32		supervisor_generation;
 	TimestampTz deadline;		/* gemma4.request_timeout, 0 = none */
 	int			timeout_ms;
+	bool		answered;		/* the supervisor wrote the outcome and let go */
 } G4Request;
 
 extern G4Request *g4_request_start(G4WireRequest *req, const char *items, Size items_len);

@@ -38,7 +38,7 @@
 
 static void g4_request_detached(dsm_segment *seg, Datum arg);
 static void g4_request_context_reset(void *arg);
-static void g4_slot_give_up(int slot, uint64 request_id);
+static void g4_slot_give_up(int slot, uint64 request_id, bool answered);
 static int	g4_sqlstate_for(int code);
 static void g4_raise_request_error(const G4WireError *e) pg_attribute_noreturn();
 
@@ -193,6 +193,7 @@ g4_request_next(G4Request *r, char *kind, const char **data, Size *len)
 		{
 			/* the outcome was written before the supervisor detached */
 			pg_read_barrier();
+			r->answered = r->hdr->result == G4_RESULT_OK || r->hdr->result == G4_RESULT_ERROR;
 			if (r->hdr->result == G4_RESULT_OK)
 				return false;
 			if (r->hdr->result == G4_RESULT_ERROR)
@@ -273,7 +274,7 @@ g4_request_detached(dsm_segment *seg, Datum arg)
 	r->hdr = NULL;
 	if (r->slot >= 0)
 	{
-		g4_slot_give_up(r->slot, r->request_id);
+		g4_slot_give_up(r->slot, r->request_id, r->answered);
 		r->slot = -1;
 	}
 }
@@ -289,12 +290,15 @@ g4_request_context_reset(void *arg)
 }
 
 /*
- * A slot the supervisor has not taken yet is simply freed; a running one
- * is flagged for cancellation (the supervisor frees it).  A slot already
- * freed or reused for another request is left alone.
+ * A slot the supervisor has not taken yet, or whose request it has answered
+ * (it let go of the request before it frees the slot), is freed here, so a
+ * session that submits again at once finds its slot free; a running one is
+ * flagged for cancellation (the supervisor frees it).  A slot already freed
+ * or reused for another request is left alone: the supervisor's own free
+ * checks the request id as well.
  */
 static void
-g4_slot_give_up(int slot, uint64 request_id)
+g4_slot_give_up(int slot, uint64 request_id, bool answered)
 {
 	G4Slot	   *s = &g4_shared->slots[slot];
 	Latch	   *latch = NULL;
@@ -302,7 +306,7 @@ g4_slot_give_up(int slot, uint64 request_id)
 	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
 	if (s->request_id == request_id)
 	{
-		if (s->state == G4_SLOT_SUBMITTED)
+		if (s->state == G4_SLOT_SUBMITTED || answered)
 			memset(s, 0, sizeof(G4Slot));
 		else if (s->state == G4_SLOT_RUNNING)
 		{

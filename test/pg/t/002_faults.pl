@@ -396,6 +396,20 @@ SKIP:
 	ok(G4Test::wait_idle($node), 'slots exhausted: the slots are free again');
 	is($node->safe_psql('postgres', "SELECT gemma_generate('Hello world', max_tokens => 24)"),
 		$reference, 'slots exhausted: a request runs again');
+
+	# as many sessions as slots, each submitting again the moment its answer
+	# arrives: a session's finished request never holds the slot it needs
+	$node->pgbench(
+		'--no-vacuum --client=2 --jobs=2 --transactions=60',
+		0,
+		[qr{processed: 120/120}],
+		[qr{^$}],
+		'slots: back-to-back requests from as many sessions as slots',
+		{
+			'002_back_to_back' => q{
+SELECT gemma_complete('Hello', max_tokens => 1);
+}
+		});
 }
 
 $node->stop;
