@@ -331,29 +331,9 @@ gemv_run(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 	}
 	if (ksplit == 0)
 		return G4_ERR_UNSUPPORTED;
-	a.tiles = (const uint4 *) w->data;
-	a.scales = (const uint32_t *) w->scales;
-	a.x = x;
-	a.n = n;
-	a.K = (int) w->in;
-	a.N = (int) w->out;
-	a.KT = KT;
-	a.U = (int) w->units;
-	a.n_ug = n_ug;
-	a.kr = nk;
-	a.ksplit = ksplit;
-	a.per_cta = 1;
-	a.y = y;
-	a.partial = NULL;
-	a.counters = NULL;
-	if (ksplit > 1)
-	{
-		/* sizes fixed by the shape and n: a recorded step graph stays valid */
-		a.partial = (float *) g4c_scratch(c, (size_t) ksplit * (size_t) n * (size_t) w->out * sizeof(float));
-		a.counters = g4c_counters(c, (size_t) n_ug);
-		if (!a.partial || !a.counters)
-			return c->err_code;
-	}
+	/* one work item per block; kr is the longest range */
+	if (skinny_args_init(c, w, x, n, y, ksplit, nk, 1, &a) != G4_OK)
+		return c->err_code;
 	return g4c_launch(c, "matmul (int4 gemv)", gemv_i4_kernel<NT>, dim3((unsigned) (n_ug * ksplit)),
 					  dim3(SKINNY_WARPS * 32), (size_t) nk * skinny_xs_per_ktile(NT), a);
 }

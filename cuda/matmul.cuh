@@ -137,6 +137,39 @@ struct skinny_args
 	unsigned   *counters;		/* per unit group */
 };
 
+/* The arguments of a launch over w split into ksplit K ranges of (at most)
+ * kr k-tiles, with the scratch for the partial sums and the counters when K
+ * is split: their sizes depend only on the shape and n, so a recorded step
+ * graph stays valid.  Shared by the skinny kernel and the GEMV (gemv_w4.cu). */
+static inline int
+skinny_args_init(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y, int ksplit, int kr,
+				 int per_cta, skinny_args *a)
+{
+	a->tiles = (const uint4 *) w->data;
+	a->scales = (const uint32_t *) w->scales;
+	a->x = x;
+	a->n = n;
+	a->K = (int) w->in;
+	a->N = (int) w->out;
+	a->KT = (int) w->ktiles;
+	a->U = (int) w->units;
+	a->n_ug = (int) ((w->units + SKINNY_WARPS - 1) / SKINNY_WARPS);
+	a->kr = kr;
+	a->ksplit = ksplit;
+	a->per_cta = per_cta;
+	a->y = y;
+	a->partial = NULL;
+	a->counters = NULL;
+	if (ksplit > 1)
+	{
+		a->partial = (float *) g4c_scratch(c, (size_t) ksplit * (size_t) n * (size_t) w->out * sizeof(float));
+		a->counters = g4c_counters(c, (size_t) a->n_ug);
+		if (!a->partial || !a->counters)
+			return c->err_code;
+	}
+	return G4_OK;
+}
+
 /* Stage activations of k-tiles [kt0, kt0 + kr) in fragment order: entry
  * (step s, n8 tile j, lane) = the B fragment {x[k], x[k+1]}, {x[k+8],
  * x[k+9]} of column g = lane / 4 at k = 64 kt0 + 16 s + 2 (lane % 4).
@@ -520,28 +553,8 @@ skinny_run(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 	}
 	if (ksplit == 0)
 		return G4_ERR_UNSUPPORTED;
-	a.tiles = (const uint4 *) w->data;
-	a.scales = (const uint32_t *) w->scales;
-	a.x = x;
-	a.n = n;
-	a.K = (int) w->in;
-	a.N = (int) w->out;
-	a.KT = KT;
-	a.U = (int) w->units;
-	a.n_ug = n_ug;
-	a.ksplit = ksplit;
-	a.kr = KT / ksplit;
-	a.per_cta = (n_ug * ksplit + ctas - 1) / ctas;
-	a.y = y;
-	a.partial = NULL;
-	a.counters = NULL;
-	if (ksplit > 1)
-	{
-		a.partial = (float *) g4c_scratch(c, (size_t) ksplit * (size_t) n * (size_t) w->out * sizeof(float));
-		a.counters = g4c_counters(c, (size_t) n_ug);
-		if (!a.partial || !a.counters)
-			return c->err_code;
-	}
+	if (skinny_args_init(c, w, x, n, y, ksplit, KT / ksplit, (n_ug * ksplit + ctas - 1) / ctas, &a) != G4_OK)
+		return c->err_code;
 	return g4c_launch(c, "matmul (skinny)", skinny_kernel<FMT, NT, SPLIT>,
 					  dim3((n_ug * ksplit + a.per_cta - 1) / a.per_cta), dim3(SKINNY_WARPS * 32),
 					  (size_t) (skinny_ring_bytes<FMT>() + a.kr * per_kt), a);
