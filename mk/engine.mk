@@ -32,13 +32,8 @@ gpu-tests: $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 $(GPU_TEST_BIN): $(GPU_TEST_SRCS) $(wildcard test/gpu/*.h test/engine/*.h) $(ENGINE_OBJS) $(CUDA_OBJS)
 	$(CC) $(ENGINE_CFLAGS) -Itest/engine -Itest/gpu -o $@ $(GPU_TEST_SRCS) $(ENGINE_OBJS) $(CUDA_OBJS) \
 		$(CUDA_LDLIBS) $(ENGINE_LDLIBS)
-# the int4 GEMV experiment: a standalone program, not part of the engine
-.PHONY: gemv-lab
-gemv-lab: $(BUILD)/gemv-lab
-$(BUILD)/gemv-lab: cuda/lab/gemv_lab.cu
-	$(NVCC) -O3 $(NVCC_ARCH) -o $@ $<
 $(GPU_BENCH_BIN): test/bench/bench_gpu.c test/gpu/step_driver.c test/gpu/step_driver.h $(ENGINE_OBJS) $(CUDA_OBJS)
-	$(CC) $(ENGINE_CFLAGS) -Itest/gpu -o $@ test/bench/bench_gpu.c test/gpu/step_driver.c $(ENGINE_OBJS) \
+	$(CC) $(ENGINE_CFLAGS) -Itest/engine -Itest/gpu -o $@ test/bench/bench_gpu.c test/gpu/step_driver.c $(ENGINE_OBJS) \
 		$(CUDA_OBJS) $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
 else
 ENGINE_SRCS += src/engine/nocuda/backend_nocuda.c
@@ -106,7 +101,7 @@ BENCHES := $(BUILD)/bench-quant $(BUILD)/bench-tokenizer $(BUILD)/bench-membw
 $(BUILD)/bench-membw: test/bench/bench_membw.c
 	$(CC) $(ENGINE_CFLAGS) -o $@ $< -lpthread
 $(BUILD)/bench-%: test/bench/bench_%.c $(ENGINE_OBJS) $(CUDA_OBJS)
-	$(CC) $(ENGINE_CFLAGS) -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
+	$(CC) $(ENGINE_CFLAGS) -Itest/engine -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
 
 bench-engine: $(BENCHES)
 	$(BUILD)/bench-membw

@@ -29,6 +29,7 @@
 
 #include "step_driver.h"
 #include "util.h"
+#include "xorshift.h"
 
 #define MAX_TOKENS 16384
 #define MAX_SEQS 128
@@ -66,10 +67,7 @@ static uint64_t rs = 88172645463325252ull;
 static int32_t
 rand_token(void)
 {
-	rs ^= rs << 13;
-	rs ^= rs >> 7;
-	rs ^= rs << 17;
-	return (int32_t) (rs % 200000) + 1000;
+	return (int32_t) (h_xorshift64(&rs) % 200000) + 1000;
 }
 
 static const char *

@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "quant.h"
 #include "util.h"
+#include "xorshift.h"
 
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -27,10 +28,7 @@ static uint64_t rng_state = 88172645463325252ull;
 static uint64_t
 rng(void)
 {
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return rng_state;
+	return h_xorshift64(&rng_state);
 }
 
 static void

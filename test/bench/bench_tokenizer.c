@@ -16,6 +16,7 @@
 
 #include "tokenizer.h"
 #include "util.h"
+#include "xorshift.h"
 
 static const char *const sentences[] = {
 	"The committee met on Tuesday to discuss the budget for the coming year.",
@@ -51,10 +52,7 @@ make_text(size_t n, size_t *len)
 		const char *p;
 		size_t		l;
 
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		p = sentences[x % G4_ARRAY_LEN(sentences)];
+		p = sentences[h_xorshift64(&x) % G4_ARRAY_LEN(sentences)];
 		l = strlen(p);
 		memcpy(s + o, p, l);
 		o += l;

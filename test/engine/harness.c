@@ -138,6 +138,28 @@ h_drain(g4_engine *e, h_run *run, int max_steps, g4_err *err)
 	}
 }
 
+int
+h_failed_as(const char *what, int rc, const g4_err *err, int code, const char *s1, const char *s2)
+{
+	if (rc == code && err->code == code && (!s1 || strstr(err->msg, s1)) && (!s2 || strstr(err->msg, s2)))
+		return 1;
+	g4_test_fail(__FILE__, __LINE__, "%s: got %d \"%s\", expected %d with \"%s\"%s%s",
+				 what, rc, err->msg, code, s1 ? s1 : "", s2 ? " and " : "", s2 ? s2 : "");
+	return 0;
+}
+
+int
+h_run_one(g4_engine *e, const g4_request *req, int max_steps, h_result *res, g4_err *err)
+{
+	h_run		run = {res, 1};
+	int			rc;
+
+	memset(res, 0, sizeof(*res));
+	h_attach(e, &run);
+	rc = g4_submit(e, req, &res->id, err);
+	return rc != G4_OK ? rc : h_drain(e, &run, max_steps, err);
+}
+
 void
 h_result_free(h_result *r)
 {

@@ -48,7 +48,15 @@ void		h_attach(g4_engine *e, h_run *run);
 void		h_on_event(void *ctx, const g4_event *ev);
 /* Step until every result is finished (or max_steps). Returns 0 on success. */
 int			h_drain(g4_engine *e, h_run *run, int max_steps, g4_err *err);
+/* Submit one request and step until it has finished (or max_steps); res is
+ * cleared first.  Returns 0, or the failure of the submission or a step. */
+int			h_run_one(g4_engine *e, const g4_request *req, int max_steps, h_result *res, g4_err *err);
 void		h_result_free(h_result *r);
+
+/* A failed call's outcome: rc and err->code are `code` and the message
+ * holds s1 and s2 (either may be NULL); else reports a failure naming
+ * `what` and returns 0. */
+int			h_failed_as(const char *what, int rc, const g4_err *err, int code, const char *s1, const char *s2);
 
 /* A token-id request with greedy sampling. */
 void		h_token_request(g4_request *req, const int32_t *ids, int n, int max_tokens);

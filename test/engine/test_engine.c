@@ -285,18 +285,9 @@ G4_TEST(engine_kv_turboquant_size_ratio)
 static void
 run_one(g4_engine *e, g4_request *req, h_result *res)
 {
-	h_run		run = {res, 1};
 	g4_err		err;
 
-	memset(res, 0, sizeof(*res));
-	h_attach(e, &run);
-	if (g4_submit(e, req, &res->id, &err) != G4_OK)
-	{
-		res->failed = 1;
-		snprintf(res->error, sizeof(res->error), "%s", err.msg);
-		return;
-	}
-	if (h_drain(e, &run, 10000, &err) != 0)
+	if (h_run_one(e, req, 10000, res, &err) != 0)
 	{
 		res->failed = 1;
 		snprintf(res->error, sizeof(res->error), "%s", err.msg);

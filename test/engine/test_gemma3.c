@@ -69,7 +69,6 @@ G4_TEST(gemma3_logits_and_greedy_match_transformers)
 	{
 		const g4j  *c = g4j_at(cases, k);
 		h_result	res;
-		h_run		run = {&res, 1};
 		g4_request	req;
 		int32_t    *ids,
 				   *want,
@@ -84,8 +83,6 @@ G4_TEST(gemma3_logits_and_greedy_match_transformers)
 		double		bound = 3.0 * ref_err + 1e-5;
 		double		lse_err;
 
-		memset(&res, 0, sizeof(res));
-		h_attach(e, &run);
 		ids = h_ints(g4j_get(c, "ids"), &n);
 		want = h_ints(g4j_get(c, "greedy"), &nw);
 		top = h_ints(g4j_get(c, "top_ids"), &nt);
@@ -102,8 +99,7 @@ G4_TEST(gemma3_logits_and_greedy_match_transformers)
 			free(mine);
 		}
 		h_token_request(&req, ids, n, nw);
-		CHECK_OK(g4_submit(e, &req, &res.id, &err), &err);
-		CHECK_OK(h_drain(e, &run, 1000, &err), &err);
+		CHECK_OK(h_run_one(e, &req, 1000, &res, &err), &err);
 		CHECK_MSG(!res.failed && res.first_logits, "%s", res.error);
 		for (i = 0; i < nt; i++)
 			d64 = fmax(d64, fabs(res.first_logits[top[i]] - g4j_num(g4j_at(t64, (size_t) i), 0)));
@@ -160,17 +156,13 @@ G4_TEST(gemma3_kv_dtypes_figures)
 		for (k = 0; k < (size_t) n_cases; k++)
 		{
 			h_result	res;
-			h_run		run = {&res, 1};
 			g4_request	req;
 			int32_t    *ids;
 			int			n;
 
-			memset(&res, 0, sizeof(res));
-			h_attach(e, &run);
 			ids = h_ints(g4j_get(g4j_at(cases, k), "ids"), &n);
 			h_token_request(&req, ids, n, 64);
-			CHECK_OK(g4_submit(e, &req, &res.id, &err), &err);
-			CHECK_OK(h_drain(e, &run, 1000, &err), &err);
+			CHECK_OK(h_run_one(e, &req, 1000, &res, &err), &err);
 			n_out[d][k] = res.n_tokens;
 			memcpy(out[d][k], res.tokens, sizeof(int32_t) * (size_t) res.n_tokens);
 			h_result_free(&res);

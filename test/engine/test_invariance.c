@@ -8,16 +8,14 @@
 #include "harness.h"
 #include "quant.h"
 #include "test.h"
+#include "xorshift.h"
 
 static uint64_t seed = 0x243f6a8885a308d3ull;
 
 static uint32_t
 rnd(void)
 {
-	seed ^= seed << 13;
-	seed ^= seed >> 7;
-	seed ^= seed << 17;
-	return (uint32_t) (seed >> 32);
+	return (uint32_t) (h_xorshift64(&seed) >> 32);
 }
 
 static float
@@ -150,14 +148,10 @@ G4_TEST(invariance_request_alone_or_batched)
 	o.max_num_batched_tokens = 2048;
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	{
-		h_run		run = {&alone, 1};
 		g4_request	req;
 
-		memset(&alone, 0, sizeof(alone));
-		h_attach(e, &run);
 		h_token_request(&req, ids, n, 16);
-		CHECK_OK(g4_submit(e, &req, &alone.id, &err), &err);
-		CHECK_OK(h_drain(e, &run, 1000, &err), &err);
+		CHECK_OK(h_run_one(e, &req, 1000, &alone, &err), &err);
 	}
 	{
 		h_run		run = {batch, 5};

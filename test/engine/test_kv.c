@@ -9,16 +9,14 @@
 #include "cpu/cpu.h"
 #include "harness.h"
 #include "test.h"
+#include "xorshift.h"
 
 static uint64_t rng_state = 88172645463325252ull;
 
 static double
 urand(void)
 {
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return (double) (rng_state >> 11) * (1.0 / 9007199254740992.0);
+	return (double) (h_xorshift64(&rng_state) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 static float

@@ -155,7 +155,6 @@ G4_TEST(load_dense_bf16_checkpoint_matches_transformers)
 	{
 		const g4j  *c = g4j_at(cases, k);
 		h_result	res;
-		h_run		run = {&res, 1};
 		g4_request	req;
 		int32_t    *ids,
 				   *want;
@@ -167,13 +166,10 @@ G4_TEST(load_dense_bf16_checkpoint_matches_transformers)
 
 		if (!g4j_get(c, "greedy"))
 			continue;			/* the text cases */
-		memset(&res, 0, sizeof(res));
-		h_attach(e, &run);
 		ids = h_ints(g4j_get(c, "ids"), &n);
 		want = h_ints(g4j_get(c, "greedy"), &nw);
 		h_token_request(&req, ids, n, nw);
-		CHECK_OK(g4_submit(e, &req, &res.id, &err), &err);
-		CHECK_OK(h_drain(e, &run, 10000, &err), &err);
+		CHECK_OK(h_run_one(e, &req, 10000, &res, &err), &err);
 		d64 = h_max_abs_diff(res.first_logits, G.data + g4j_get_int(c, "logits64_offset", 0), res.vocab, NULL);
 		printf("    %-12s |engine - float64| = %.2e (bound %.2e)\n", g4j_get_str(c, "name"), d64, bound);
 		CHECK(d64 <= bound);

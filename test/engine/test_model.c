@@ -315,7 +315,6 @@ kv_dtype_figures(int dtype, const char *name)
 	{
 		const g4j  *c = h_golden_case(G, names[k]);
 		h_result	res;
-		h_run		run = {&res, 1};
 		g4_request	req;
 		int32_t    *ids,
 				   *want;
@@ -325,13 +324,10 @@ kv_dtype_figures(int dtype, const char *name)
 		double		d,
 					mref;
 
-		memset(&res, 0, sizeof(res));
-		h_attach(e, &run);
 		ids = h_ints(g4j_get(c, "ids"), &n);
 		want = h_ints(g4j_get(c, "greedy"), &nw);
 		h_token_request(&req, ids, n, nw);
-		CHECK_OK(g4_submit(e, &req, &res.id, &err), &err);
-		CHECK_OK(h_drain(e, &run, 10000, &err), &err);
+		CHECK_OK(h_run_one(e, &req, 10000, &res, &err), &err);
 		CHECK_MSG(!res.failed && res.first_logits, "%s: %s", names[k], res.error);
 		for (i = 0; i < res.vocab; i++)
 			CHECK_MSG(isfinite(res.first_logits[i]), "%s: logit %d is not finite", names[k], i);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run-gpu.sh — the CUDA backend's checks and benchmarks, on a GPU machine.
 #
-#   test/gpu/run-gpu.sh [parity] [bench] [hf] [sanitize] [engine] [pg] [lab]
+#   test/gpu/run-gpu.sh [parity] [bench] [hf] [sanitize] [engine] [pg]
 #                                              (default: parity bench hf)
 #
 # parity    every GPU operation against the CPU backend (build/run-gpu-tests)
@@ -11,7 +11,6 @@
 # engine    the whole engine (scheduler, step graphs, device sampling) through
 #           gemma4-run: batch 1, 16 and 64 with 2k prompts
 # pg        PostgreSQL end to end (test/gpu/pg-e2e.sh; needs build/device)
-# lab       the int4 GEMV experiment (cuda/lab/gemv_lab.cu)
 #
 # Builds what a stage needs when it is missing or does not start here (sm_90
 # only, to keep the build short); G4_BIN names a directory of prebuilt
@@ -40,7 +39,6 @@ need=$BIN/gemma4-make-model
 if has parity || has sanitize; then need="$need $BIN/run-gpu-tests"; fi
 if has bench; then need="$need $BIN/bench-gpu"; fi
 if has engine; then need="$need $BIN/gemma4-run"; fi
-if has lab; then need="$need $BIN/gemv-lab"; fi
 need_build=0
 for b in $need; do
 	if [ ! -x "$b" ]; then need_build=1; fi
@@ -50,7 +48,7 @@ if [ $need_build = 0 ] && [ -x "$BIN/run-gpu-tests" ] && ! "$BIN/run-gpu-tests" 
 fi
 if [ $need_build = 1 ]; then
 	say "building (sm_90) in $BIN"
-	make -j16 BUILD="$BIN" NVCC_ARCH="-gencode arch=compute_90,code=sm_90" engine gpu-tests gemv-lab \
+	make -j16 BUILD="$BIN" NVCC_ARCH="-gencode arch=compute_90,code=sm_90" engine gpu-tests \
 		>"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
 fi
 
@@ -66,12 +64,6 @@ if { has bench || has hf || has engine || has pg; } && [ ! -f "$M12B/config.json
 	( t0=$(date +%s); "$BIN/gemma4-make-model" --preset 12b --out "$M12B.tmp" >"$LOGS/make12b.log" 2>&1 &&
 		mv "$M12B.tmp" "$M12B" && echo "generated in $(( $(date +%s) - t0 )) s" >>"$LOGS/make12b.log" ) &
 	GEN_PID=$!
-fi
-
-if has lab; then
-	say "int4 GEMV experiment (log: lab.log)"
-	timeout 120 "$BIN/gemv-lab" >"$LOGS/lab.log" 2>&1
-	echo "exit $?" >>"$LOGS/lab.log"
 fi
 
 if has parity; then
@@ -148,10 +140,6 @@ fi
 if has hf && [ -f "$LOGS/hf.log" ]; then
 	echo "-- transformers"
 	grep -E '^HF |Error|exit' "$LOGS/hf.log" | tail -12
-fi
-if has lab && [ -f "$LOGS/lab.log" ]; then
-	echo "-- int4 GEMV experiment"
-	tail -36 "$LOGS/lab.log"
 fi
 if has engine && [ -f "$LOGS/engine.log" ]; then
 	echo "-- engine"

@@ -32,6 +32,7 @@
 #include "sampler.h"
 #include "test.h"
 #include "util.h"
+#include "xorshift.h"
 
 /* ---- backends, random numbers, reporting ------------------------------------ */
 
@@ -68,10 +69,7 @@ reseed(uint64_t s)
 static uint64_t
 rnd(void)
 {
-	rs ^= rs << 13;
-	rs ^= rs >> 7;
-	rs ^= rs << 17;
-	return rs;
+	return h_xorshift64(&rs);
 }
 
 static double

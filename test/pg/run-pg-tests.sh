@@ -99,15 +99,11 @@ fi
 start=$(date +%s)
 
 # ---- 1. pg_regress ---------------------------------------------------------
-cat >"$TMP/regress.conf" <<EOF
-shared_preload_libraries = 'gemma4'
-gemma4.backend = cpu
-gemma4.model_dir = '$MODEL'
-gemma4.max_model_len = 4096
-gemma4.cpu_threads = 2
-gemma4.max_num_seqs = 16
-max_connections = 40
-EOF
+{
+	cat "$REPO/test/pg/instance.conf"
+	echo "gemma4.model_dir = '$MODEL'"
+	echo "max_connections = 40"
+} >"$TMP/regress.conf"
 # pg_regress wants sql/ and expected/ side by side
 mkdir -p "$TMP/in"
 ln -s "$REPO/test/sql" "$TMP/in/sql"

@@ -4,10 +4,16 @@ package G4Test;
 use strict;
 use warnings;
 
+use File::Basename qw(dirname);
+use File::Spec;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+
+# The settings every test instance shares (test/pg/instance.conf), found
+# when the module loads, before any test changes directory.
+my $instance_conf = File::Spec->rel2abs(dirname(__FILE__) . '/../instance.conf');
 
 # A node serving the tiny fixture model on the CPU backend.  Extra
 # postgresql.conf lines may be passed.
@@ -18,14 +24,10 @@ sub new_node
 	my $node = PostgreSQL::Test::Cluster->new($name);
 
 	$node->init(extra => [ '--encoding=UTF8', '--no-locale' ]);
+	$node->append_conf('postgresql.conf', slurp_file($instance_conf));
 	$node->append_conf(
 		'postgresql.conf', qq{
-shared_preload_libraries = 'gemma4'
-gemma4.backend = cpu
 gemma4.model_dir = '$model'
-gemma4.max_model_len = 4096
-gemma4.cpu_threads = 2
-gemma4.max_num_seqs = 16
 max_connections = 60
 log_statement = none
 } . ($extra // ''));
