@@ -35,6 +35,7 @@ g4_options_default(g4_options *o)
 	o->max_num_batched_tokens = 16384;
 	o->num_speculative_tokens = 4;
 	o->mask_variant = G4_MASK_A;
+	o->enable_prefix_caching = 1;
 }
 
 void
@@ -177,6 +178,7 @@ g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
 	e->opts = *opts;
 	e->channel_open = e->channel_close = -1;
 	g4_rng_seed(&e->seeder, (uint64_t) (g4_now() * 1e9));
+	g4_prefix_key_init(e->prefix_key);
 
 	rc = open_backend(opts, &e->be, err);
 	if (rc == G4_OK)
@@ -217,7 +219,7 @@ g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
 	rc = g4_workspace_init(e->model, e->max_batched, e->max_logits, &e->ws, err);
 	if (rc == G4_OK)
 		rc = g4_kvpool_init(&e->kv, e->model, opts->kv_dtype, kv_budget(e), e->max_seqs, e->max_model_len,
-							e->max_batched, err);
+							e->max_batched, opts->enable_prefix_caching != 0, err);
 	if (rc == G4_OK)
 	{
 		size_t		T = (size_t) e->max_batched;
@@ -588,6 +590,9 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 			if (s->n_computed < s->n_prompt)
 				e->stats.tokens_prefilled += (uint64_t) G4_MIN(sc.items[i].count, s->n_prompt - s->n_computed);
 			s->n_computed += sc.items[i].count;
+			/* prefix caching: completed prompt blocks become findable (before
+			 * the window trim below frees the oldest sliding ones) */
+			g4_prefix_register(e, s, sc.items[i].start, s->n_computed);
 			/* the next query is at n_computed: older blocks leave the window */
 			keep = s->n_computed - c->sliding_window + 1;
 			if (keep > 0 && s->slot >= 0)
@@ -653,6 +658,10 @@ g4_stats_get(const g4_engine *e, g4_stats *st)
 		gs->blocks_total = e->kv.n_blocks[g];
 		gs->blocks_used = e->kv.n_blocks[g] - e->kv.n_free[g];
 		gs->block_bytes = e->kv.block_bytes[g];
+		/* prefix caching */
+		gs->blocks_cached = e->kv.cache[g].n_cached;
+		gs->prefix_lookups = e->kv.cache[g].lookups;
+		gs->prefix_hits = e->kv.cache[g].hits;
 	}
 	st->kv_bytes_total = e->kv.bytes_total;
 	st->weight_bytes = e->model->weight_bytes;

@@ -85,6 +85,8 @@ typedef struct
 	int			num_speculative_tokens;
 	int			mask_variant;	/* g4_mask_variant */
 	int			verbose;		/* log loading progress to stderr */
+	/* prefix caching */
+	int			enable_prefix_caching;	/* share the KV blocks of common prompt prefixes (default 1) */
 } g4_options;
 
 /* Fill with the defaults (the seed deployment's tunables). */
@@ -213,6 +215,10 @@ typedef struct
 	int64_t		blocks_total;
 	int64_t		blocks_used;
 	size_t		block_bytes;	/* bytes of one block over all layers of the group */
+	/* prefix caching */
+	int64_t		blocks_cached;	/* blocks findable by content, in use or free */
+	uint64_t	prefix_lookups; /* blocks asked of the cache at admissions */
+	uint64_t	prefix_hits;	/* blocks it supplied */
 } g4_kv_group_stats;
 
 typedef struct
@@ -243,6 +249,9 @@ typedef struct
 	uint64_t	spec_drafted;
 	uint64_t	spec_accepted;
 	uint64_t	preemptions;	/* sequences evicted to free KV blocks (recomputed later) */
+	/* prefix caching */
+	uint64_t	prefix_query_tokens;	/* prompt tokens of admitted sequences */
+	uint64_t	prefix_hit_tokens;	/* of those, found computed in the cache (not prefilled) */
 } g4_stats;
 
 typedef enum

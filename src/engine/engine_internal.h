@@ -11,6 +11,7 @@
 #include "chat.h"
 #include "kvpool.h"
 #include "model.h"
+#include "prefix_cache.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -53,6 +54,12 @@ typedef struct g4_seq
 	int			in_channel_header;	/* swallowing the channel name after <|channel> */
 	int			matched_stop;	/* a stop string ended the output: nothing more is shown */
 
+	/* prefix caching (prefix_cache.c) */
+	uint64_t   *block_hash;		/* content key of each full prompt block; NULL until first looked up */
+	int			n_block_hash;
+	int			keep_lo,
+				keep_hi;		/* sliding blocks to mark kept once computed */
+
 	/* timings (g4_now) */
 	double		t_submit;
 	double		t_first;
@@ -68,6 +75,7 @@ struct g4_engine
 	g4_chat_ids chat;
 	int			chat_ok;
 	g4_kvpool	kv;
+	uint64_t	prefix_key[2];	/* secret key of the prefix cache's content hashes */
 	g4_workspace ws;
 	int			max_model_len;
 	int			max_seqs;

@@ -48,9 +48,52 @@ g4_kvpool_blocks_for(const g4_kvpool *p, int group, int n_tokens)
 	return all;
 }
 
+/* Sliding windows the prefix cache may keep beyond what live sequences use:
+ * a shared prefix is only usable with the sliding blocks of its last
+ * window (prefix_cache.c), so that many survive even with every slot full. */
+#define KEEP_WINDOWS 2
+
+static int
+cache_init(g4_kvpool *p, int g)
+{
+	g4_kv_cache_group *c = &p->cache[g];
+	size_t		n = (size_t) G4_MAX(p->n_blocks[g], 1);
+	uint32_t	nb = 1;
+	int			i;
+
+	while (nb < 2 * n && nb < (1u << 30))
+		nb <<= 1;
+	c->ref = g4_calloc(n, sizeof(int32_t));
+	c->key = g4_calloc(n, sizeof(uint64_t));
+	c->flags = g4_calloc(n, 1);
+	c->lru_prev = g4_malloc(n * sizeof(int32_t));
+	c->lru_next = g4_malloc(n * sizeof(int32_t));
+	c->chain = g4_malloc(n * sizeof(int32_t));
+	c->bucket = g4_malloc((size_t) nb * sizeof(int32_t));
+	if (!c->ref || !c->key || !c->flags || !c->lru_prev || !c->lru_next || !c->chain || !c->bucket)
+		return G4_ERR_NOMEM;
+	c->bucket_mask = nb - 1;
+	for (i = 0; i < (int) nb; i++)
+		c->bucket[i] = -1;
+	c->lru_head[0] = c->lru_head[1] = c->lru_tail[0] = c->lru_tail[1] = -1;
+	return G4_OK;
+}
+
+static void
+cache_free(g4_kv_cache_group *c)
+{
+	free(c->ref);
+	free(c->key);
+	free(c->flags);
+	free(c->lru_prev);
+	free(c->lru_next);
+	free(c->chain);
+	free(c->bucket);
+}
+
 int
 g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs, int max_model_len,
-			   int max_batched_tokens, g4_err *err)
+			   int max_batched_tokens, int caching, g4_err *err)
 {
 	g4_backend *be = m->be;
 	int			g;
@@ -63,6 +106,7 @@ g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs
 	p->window = m->cfg.sliding_window;
 	p->max_seqs = max_seqs;
 	p->max_model_len = max_model_len;
+	p->caching = caching;
 	p->max_blocks_per_seq = G4_DIV_UP(max_model_len, G4_KV_BLOCK_TOKENS);
 	for (g = 0; g < G4_KVG_COUNT; g++)
 	{
@@ -80,6 +124,8 @@ g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs
 			G4_DIV_UP(max_batched_tokens, G4_KV_BLOCK_TOKENS);
 
 		n = G4_MIN(n, (int64_t) max_seqs * (p->max_blocks_per_seq + 1));
+		if (caching)
+			n += KEEP_WINDOWS * (per_seq - 1);
 		p->n_blocks[G4_KVG_SLIDING] = (int) n;
 	}
 	sliding_bytes = (size_t) p->n_blocks[G4_KVG_SLIDING] * p->block_bytes[G4_KVG_SLIDING];
@@ -134,8 +180,15 @@ g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs
 		/* hand out low block ids first */
 		for (i = 0; i < p->n_blocks[g]; i++)
 			p->free_list[g][i] = p->n_blocks[g] - 1 - i;
-		p->n_free[g] = p->n_blocks[g];
+		p->n_free[g] = p->n_plain[g] = p->n_blocks[g];
+		if (caching && cache_init(p, g) != G4_OK)
+		{
+			g4_kvpool_free(p);
+			return g4_fail(err, G4_ERR_NOMEM, "out of memory for the prefix cache's tables");
+		}
 	}
+	if (caching)
+		p->cache[G4_KVG_SLIDING].keep_cap = KEEP_WINDOWS * g4_kvpool_blocks_for(p, G4_KVG_SLIDING, max_model_len);
 	p->sliding_first = g4_calloc((size_t) max_seqs, sizeof(int));
 	if (!p->sliding_first)
 	{
@@ -166,6 +219,7 @@ g4_kvpool_free(g4_kvpool *p)
 			p->be->ops->free(p->be, p->desc.block_tables[g]);
 		free(p->tables[g]);
 		free(p->free_list[g]);
+		cache_free(&p->cache[g]);
 	}
 	free(p->sliding_first);
 	memset(p, 0, sizeof(*p));
@@ -175,6 +229,112 @@ static int32_t *
 entry(g4_kvpool *p, int group, int slot, int b)
 {
 	return &p->tables[group][(size_t) slot * (size_t) p->max_blocks_per_seq + (size_t) b];
+}
+
+/* ---- free cached blocks: two LRU tiers ---- */
+
+static void
+lru_unlink(g4_kv_cache_group *c, int32_t b, int tier)
+{
+	int32_t		pv = c->lru_prev[b],
+				nx = c->lru_next[b];
+
+	if (pv >= 0)
+		c->lru_next[pv] = nx;
+	else
+		c->lru_head[tier] = nx;
+	if (nx >= 0)
+		c->lru_prev[nx] = pv;
+	else
+		c->lru_tail[tier] = pv;
+	c->n_tier[tier]--;
+}
+
+/* Append at the most recent end of a tier (at_oldest: at the other end). */
+static void
+lru_push(g4_kv_cache_group *c, int32_t b, int tier, int at_oldest)
+{
+	if (at_oldest)
+	{
+		c->lru_prev[b] = -1;
+		c->lru_next[b] = c->lru_head[tier];
+		if (c->lru_head[tier] >= 0)
+			c->lru_prev[c->lru_head[tier]] = b;
+		else
+			c->lru_tail[tier] = b;
+		c->lru_head[tier] = b;
+	}
+	else
+	{
+		c->lru_next[b] = -1;
+		c->lru_prev[b] = c->lru_tail[tier];
+		if (c->lru_tail[tier] >= 0)
+			c->lru_next[c->lru_tail[tier]] = b;
+		else
+			c->lru_head[tier] = b;
+		c->lru_tail[tier] = b;
+	}
+	c->n_tier[tier]++;
+}
+
+static int
+tier_of(const g4_kv_cache_group *c, int32_t b)
+{
+	return (c->flags[b] & G4_KVB_KEEP) != 0;
+}
+
+/* Forget a cached block's key (it is about to hold other content). */
+static void
+uncache(g4_kv_cache_group *c, int32_t b)
+{
+	int32_t    *pp = &c->bucket[c->key[b] & c->bucket_mask];
+
+	while (*pp != b)
+		pp = &c->chain[*pp];
+	*pp = c->chain[b];
+	c->n_cached--;
+	c->n_kept -= tier_of(c, b);
+	c->flags[b] = 0;
+}
+
+/* A free block for new content: a plain one, else the least recently freed
+ * ordinary cached one, else the least recently freed kept one. */
+static int32_t
+take_block(g4_kvpool *p, int g)
+{
+	g4_kv_cache_group *c = &p->cache[g];
+	int32_t		b;
+	int			tier;
+
+	p->n_free[g]--;
+	if (p->n_plain[g] > 0)
+		b = p->free_list[g][--p->n_plain[g]];
+	else
+	{
+		tier = c->n_tier[0] > 0 ? 0 : 1;
+		b = c->lru_head[tier];
+		lru_unlink(c, b, tier);
+		uncache(c, b);
+	}
+	if (p->caching)
+		c->ref[b] = 1;
+	return b;
+}
+
+/* A slot lets go of a block: the last reference frees it, keeping its
+ * content findable when it is cached. */
+static void
+drop_block(g4_kvpool *p, int g, int32_t b)
+{
+	g4_kv_cache_group *c = &p->cache[g];
+
+	if (p->caching && --c->ref[b] > 0)
+		return;
+	p->n_free[g]++;
+	if (p->caching && (c->flags[b] & G4_KVB_CACHED))
+		lru_push(c, b, tier_of(c, b), 0);
+	else
+		p->free_list[g][p->n_plain[g]++] = b;
 }
 
 int
@@ -209,7 +369,7 @@ g4_kvpool_ensure(g4_kvpool *p, int slot, int from, int to)
 
 			if (*e < 0)
 			{
-				*e = p->free_list[g][--p->n_free[g]];
+				*e = take_block(p, g);
 				changed = 1;
 			}
 		}
@@ -236,7 +396,7 @@ g4_kvpool_trim_window(g4_kvpool *p, int slot, int keep_from, int n_positions)
 
 		if (*e >= 0)
 		{
-			p->free_list[g][p->n_free[g]++] = *e;
+			drop_block(p, g, *e);
 			*e = -1;
 		}
 	}
@@ -257,13 +417,14 @@ g4_kvpool_release(g4_kvpool *p, int slot, int n_positions)
 	{
 		int			b;
 
-		for (b = 0; b < nb; b++)
+		/* last block first: a prefix's tail is evicted before its head */
+		for (b = nb - 1; b >= 0; b--)
 		{
 			int32_t    *e = entry(p, g, slot, b);
 
 			if (*e >= 0)
 			{
-				p->free_list[g][p->n_free[g]++] = *e;
+				drop_block(p, g, *e);
 				*e = -1;
 			}
 		}
@@ -314,4 +475,86 @@ g4_kvpool_fit(const g4_kvpool *p, int n_tokens)
 			fit = G4_MIN(fit, (int64_t) p->n_free[g] / per);
 	}
 	return fit == INT64_MAX ? 0 : fit;
+}
+
+/* ---- prefix cache ---- */
+
+int32_t
+g4_kvpool_lookup(const g4_kvpool *p, int group, uint64_t key)
+{
+	const g4_kv_cache_group *c = &p->cache[group];
+	int32_t		b;
+
+	for (b = c->bucket[key & c->bucket_mask]; b >= 0; b = c->chain[b])
+		if (c->key[b] == key)
+			return b;
+	return -1;
+}
+
+int
+g4_kvpool_attach(g4_kvpool *p, int slot, int group, int b0, const int32_t *blocks, int n)
+{
+	g4_kv_cache_group *c = &p->cache[group];
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		int32_t		b = blocks[i];
+
+		if (c->ref[b]++ == 0)
+		{
+			/* a free cached block comes back into use */
+			lru_unlink(c, b, tier_of(c, b));
+			p->n_free[group]--;
+		}
+		*entry(p, group, slot, b0 + i) = b;
+	}
+	if (group == G4_KVG_SLIDING)
+		p->sliding_first[slot] = b0;
+	return g4_kvpool_sync_row(p, slot, group, b0, b0 + n);
+}
+
+int32_t
+g4_kvpool_register(g4_kvpool *p, int group, int32_t block, uint64_t key)
+{
+	g4_kv_cache_group *c = &p->cache[group];
+	int32_t		have = g4_kvpool_lookup(p, group, key);
+	uint32_t	h = key & c->bucket_mask;
+
+	if (have >= 0 || (c->flags[block] & G4_KVB_CACHED))
+		return have >= 0 ? have : block;
+	c->key[block] = key;
+	c->flags[block] = G4_KVB_CACHED;
+	c->chain[block] = c->bucket[h];
+	c->bucket[h] = block;
+	c->n_cached++;
+	return block;
+}
+
+void
+g4_kvpool_keep(g4_kvpool *p, int group, int32_t block)
+{
+	g4_kv_cache_group *c = &p->cache[group];
+	int			is_free = c->ref[block] == 0;
+
+	if (c->flags[block] != G4_KVB_CACHED)
+		return;					/* already kept, or not cached */
+	if (c->n_kept >= c->keep_cap)
+	{
+		int32_t		old = c->lru_head[1];
+
+		if (old < 0)
+			return;
+		/* the longest-free kept block becomes the next ordinary victim */
+		lru_unlink(c, old, 1);
+		c->flags[old] &= (uint8_t) ~G4_KVB_KEEP;
+		c->n_kept--;
+		lru_push(c, old, 0, 1);
+	}
+	if (is_free)
+		lru_unlink(c, block, 0);
+	c->flags[block] |= G4_KVB_KEEP;
+	c->n_kept++;
+	if (is_free)
+		lru_push(c, block, 1, 0);
 }

@@ -7,6 +7,16 @@
  * need at once (each holds at most its window plus the prefill chunk in
  * flight); every remaining byte goes to the full group, whose blocks are
  * what long contexts consume.
+ *
+ * Prefix caching: a block may be shared by several slots (reference
+ * counted) and may carry a content key (prefix_cache.c computes it) under
+ * which a later sequence finds it.  A cached block whose last reference
+ * goes stays cached but free: it is reused for other content only when no
+ * plain free block is left, least recently released first.  Free cached
+ * blocks form two tiers: ordinary ones are evicted before "kept" ones (the
+ * sliding blocks of the last window before a prefix boundary several
+ * sequences shared, see prefix_cache.c).  n_free counts every block an
+ * allocation may take: plain free blocks and free cached ones.
  */
 #ifndef G4_KVPOOL_H
 #define G4_KVPOOL_H
@@ -16,6 +26,33 @@
 
 #include "backend.h"
 #include "model.h"
+
+/* Prefix-cache bookkeeping of one layer group (per block unless noted). */
+typedef struct
+{
+	int32_t    *ref;			/* slots whose table holds the block */
+	uint64_t   *key;			/* content key while cached */
+	uint8_t    *flags;			/* G4_KVB_* */
+	int32_t    *lru_prev,
+			   *lru_next;		/* free cached blocks, per tier, oldest first */
+	int32_t		lru_head[2],
+				lru_tail[2];
+	int			n_tier[2];		/* free cached blocks per tier */
+	int32_t    *bucket;			/* key -> first block, [bucket_mask + 1] */
+	int32_t    *chain;			/* next block in the same bucket */
+	uint32_t	bucket_mask;
+	int			n_cached;		/* blocks holding a key, free or in use */
+	int			keep_cap;		/* most blocks marked "kept" at once */
+	int			n_kept;
+	uint64_t	lookups;		/* blocks asked of the cache at admissions */
+	uint64_t	hits;			/* blocks it supplied */
+} g4_kv_cache_group;
+
+enum
+{
+	G4_KVB_CACHED = 1,
+	G4_KVB_KEEP = 2
+};
 
 typedef struct
 {
@@ -29,7 +66,10 @@ typedef struct
 	/* per group */
 	int			n_blocks[G4_KVG_COUNT];
 	int			n_free[G4_KVG_COUNT];
-	int32_t    *free_list[G4_KVG_COUNT];
+	int32_t    *free_list[G4_KVG_COUNT];	/* plain (uncached) free blocks */
+	int			n_plain[G4_KVG_COUNT];
+	int			caching;		/* prefix caching on */
+	g4_kv_cache_group cache[G4_KVG_COUNT];
 	size_t		block_bytes[G4_KVG_COUNT];	/* all layers of the group */
 	int32_t    *tables[G4_KVG_COUNT];	/* host mirror [max_seqs][max_blocks_per_seq] */
 	int		   *sliding_first;	/* per slot: first sliding table entry that may be live */
@@ -39,9 +79,10 @@ typedef struct
 /* Bytes per token per layer group (all layers of the group). */
 size_t		g4_kv_group_token_bytes(const g4_model *m, int dtype, int group);
 
-/* Create a pool of `budget` bytes of device memory. */
+/* Create a pool of `budget` bytes of device memory (with the prefix cache's
+ * bookkeeping when `caching`). */
 int			g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs,
-						   int max_model_len, int max_batched_tokens, g4_err *err);
+						   int max_model_len, int max_batched_tokens, int caching, g4_err *err);
 void		g4_kvpool_free(g4_kvpool *p);
 
 /* Blocks of a group a sequence of n tokens holds in steady state. */
@@ -62,6 +103,25 @@ int			g4_kvpool_slot_blocks(const g4_kvpool *p, int slot, int group, int n_posit
 
 /* Copy a slot's table entries [b0, b1) of a group to the device. */
 int			g4_kvpool_sync_row(g4_kvpool *p, int slot, int group, int b0, int b1);
+
+/* ---- prefix cache (only with p->caching) ---- */
+
+/* The block cached under `key` in a group, or -1. */
+int32_t		g4_kvpool_lookup(const g4_kvpool *p, int group, uint64_t key);
+
+/* Put cached blocks into a slot's table at entries [b0, b0 + n) (entries
+ * that must be unset) and take a reference on each. */
+int			g4_kvpool_attach(g4_kvpool *p, int slot, int group, int b0, const int32_t *blocks, int n);
+
+/* Give a block the slot computed the content key `key`; when another
+ * block already holds that key, nothing changes.  Returns the block now
+ * cached under the key. */
+int32_t		g4_kvpool_register(g4_kvpool *p, int group, int32_t block, uint64_t key);
+
+/* Mark a cached block "kept": evicted only after every ordinary one.  At
+ * most keep_cap blocks are kept; past it, the longest-free kept block goes
+ * back to the ordinary tier (none free: the mark is not given). */
+void		g4_kvpool_keep(g4_kvpool *p, int group, int32_t block);
 
 /* How many more sequences of n tokens fit in the free blocks now. */
 int64_t		g4_kvpool_fit(const g4_kvpool *p, int n_tokens);

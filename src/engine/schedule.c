@@ -9,10 +9,14 @@
  *     attend to each other, so they must be in the pool together);
  *  3. waiting sequences are admitted in arrival order while a slot, budget
  *     and KV blocks are available; the first that does not fit stops
- *     admission, so nobody starves.
+ *     admission, so nobody starves.  A sequence whose prompt starts with
+ *     cached blocks (prefix_cache.c) is admitted with them already computed
+ *     and prefills only the rest.
  * When a running sequence needs a block and the pool is empty, the most
  * recently admitted sequence is preempted: its blocks are freed and it goes
- * back to waiting, to be recomputed from its tokens later.
+ * back to waiting, to be recomputed from its tokens later (dropping its
+ * references to shared blocks; its own prompt blocks stay cached, so its
+ * readmission usually finds them).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -205,7 +209,9 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 	for (i = 0; i < e->n_seqs && budget > 0; i++)
 	{
 		g4_seq	   *s = e->seqs[i];
+		g4_prefix_hit hit;
 		int			slot;
+		int			start;
 		int			count;
 		int			rc;
 
@@ -215,23 +221,27 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 			;
 		if (slot == e->max_seqs)
 			break;
-		count = chunk_size(s, 0, G4_MIN(s->n_tok, budget));
-		if (count <= 0)
-			break;
 		s->slot = slot;
-		rc = g4_kvpool_ensure(&e->kv, slot, 0, count);
-		if (rc != G4_OK)
+		/* prefix caching: the cached part of the prompt is not prefilled */
+		rc = g4_prefix_attach(e, s, &hit);
+		start = hit.tokens;
+		count = rc == G4_OK ? chunk_size(s, start, G4_MIN(s->n_tok - start, budget)) : 0;
+		if (rc == G4_OK && count > 0)
+			rc = g4_kvpool_ensure(&e->kv, slot, start, start + count);
+		if (rc != G4_OK || count <= 0)
 		{
+			g4_kvpool_release(&e->kv, slot, start + G4_MAX(count, 0));
 			s->slot = -1;
-			if (rc == G4_ERR_BUSY)
+			if (rc == G4_OK || rc == G4_ERR_BUSY)
 				break;
 			return g4_fail(err, rc, "cannot allocate KV blocks");
 		}
+		g4_prefix_account(e, s, &hit);
 		e->slot_used[slot] = 1;
 		s->admit_order = ++e->next_admit;
-		s->n_computed = 0;
+		s->n_computed = start;
 		s->state = G4_SEQ_PREFILL;
-		if (add_item(sc, s, 0, count, count == s->n_tok) != G4_OK)
+		if (add_item(sc, s, start, count, start + count == s->n_tok) != G4_OK)
 			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 		budget -= count;
 	}

@@ -39,6 +39,7 @@ g4_seq_free(g4_seq *s)
 	free(s->mm_block);
 	free(s->embed_pos);
 	free(s->embed_rows);
+	free(s->block_hash);
 	g4_detok_free(&s->detok);	/* a stream cut short may hold a byte run */
 	g4_hist_free(&s->hist);
 	g4_buf_free(&s->piece);

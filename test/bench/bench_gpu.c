@@ -504,7 +504,7 @@ bench_capacity(void)
 				g4_kvpool_free(&D.kv);
 				be->ops->device_info(be, name, sizeof(name), &free_b, &total);
 				left = 0.95 * (double) total - (double) (total - free_b) - (double) (512 << 20);
-				if (g4_kvpool_init(&D.kv, D.m, dtypes[k], left > 0 ? (size_t) left : 0, mid, MAX_LEN, MAX_TOKENS,
+				if (g4_kvpool_init(&D.kv, D.m, dtypes[k], left > 0 ? (size_t) left : 0, mid, MAX_LEN, MAX_TOKENS, 0,
 								   &err) != G4_OK)
 					die(&err, "capacity pool");
 				fit = g4_kvpool_fit(&D.kv, MAX_LEN);
@@ -519,7 +519,7 @@ bench_capacity(void)
 			g4_kvpool_free(&D.kv);
 			be->ops->device_info(be, name, sizeof(name), &free_b, &total);
 			left = 0.95 * (double) total - (double) (total - free_b) - (double) (512 << 20);
-			if (g4_kvpool_init(&D.kv, D.m, dtypes[k], left > 0 ? (size_t) left : 0, seqs, MAX_LEN, MAX_TOKENS, &err) !=
+			if (g4_kvpool_init(&D.kv, D.m, dtypes[k], left > 0 ? (size_t) left : 0, seqs, MAX_LEN, MAX_TOKENS, 0, &err) !=
 				G4_OK)
 				die(&err, "capacity pool");
 			fit = g4_kvpool_fit(&D.kv, MAX_LEN);

@@ -41,7 +41,7 @@ drv_open(drv *d, const char *path, g4_backend *be, int kv_dtype, size_t kv_bytes
 		left = 0.95 * (double) total - (double) (total - free_b) - (double) RESERVE;
 		kv_bytes = left > 0 ? (size_t) left : 0;
 	}
-	rc = g4_kvpool_init(&d->kv, d->m, kv_dtype, kv_bytes, max_seqs, max_model_len, max_tokens, err);
+	rc = g4_kvpool_init(&d->kv, d->m, kv_dtype, kv_bytes, max_seqs, max_model_len, max_tokens, 0, err);
 	if (rc != G4_OK)
 		return rc;
 	d->token = g4_malloc((size_t) max_tokens * 4);
