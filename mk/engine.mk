@@ -108,6 +108,12 @@ bench-engine: $(BENCHES)
 	$(BUILD)/bench-quant
 	G4_TEST_SRCDIR=$(CURDIR) $(BUILD)/bench-tokenizer
 
+# Prefill saved by the prefix cache, on the default model (CPU); options
+# through PREFIX_BENCH_ARGS (bench-prefix --help lists them).
+.PHONY: bench-prefix
+bench-prefix: $(BUILD)/bench-prefix fetch-default-model
+	$(BUILD)/bench-prefix --model $(DEFAULT_MODEL) $(PREFIX_BENCH_ARGS)
+
 clean-engine:
 	rm -rf $(BUILD)
 

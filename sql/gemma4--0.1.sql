@@ -183,7 +183,9 @@ CREATE FUNCTION gemma_stats(
 	OUT mean_batch_size float8,
 	OUT max_batch_size bigint,
 	OUT max_batch_tokens bigint,
-	OUT spec_acceptance float8)
+	OUT spec_acceptance float8,
+	-- prefix caching: prompt tokens found computed in the cache (not prefilled)
+	OUT tokens_in_cached bigint)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'gemma_stats'
 LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED ROWS 1;
@@ -202,7 +204,13 @@ CREATE FUNCTION gemma_kv_pool(
 	OUT bytes bigint,
 	OUT bytes_used bigint,
 	OUT sequences_live int,
-	OUT full_window_fits bigint)
+	OUT full_window_fits bigint,
+	-- prefix caching (since the engine started): blocks findable by content,
+	-- blocks asked of the cache at admissions, blocks it supplied, their ratio
+	OUT blocks_cached bigint,
+	OUT prefix_lookups bigint,
+	OUT prefix_hits bigint,
+	OUT prefix_hit_rate float8)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'gemma_kv_pool'
 LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED ROWS 2;

@@ -31,8 +31,8 @@ PG_FUNCTION_INFO_V1(gemma_kv_pool);
 PG_FUNCTION_INFO_V1(gemma_requests);
 PG_FUNCTION_INFO_V1(gemma_wait_ready);
 
-#define GEMMA_STATS_COLS	31
-#define GEMMA_KV_POOL_COLS	12
+#define GEMMA_STATS_COLS	32
+#define GEMMA_KV_POOL_COLS	16
 #define GEMMA_REQUESTS_COLS 10
 
 /* A consistent copy of what the views show. */
@@ -194,6 +194,8 @@ gemma_stats(PG_FUNCTION_ARGS)
 	else
 		nulls[i] = true;
 	i++;
+	/* prefix caching */
+	values[i++] = Int64GetDatum((int64) (s.base.prefix_hit_tokens + s.stats.prefix_hit_tokens));
 	Assert(i == GEMMA_STATS_COLS);
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	return (Datum) 0;
@@ -231,6 +233,15 @@ gemma_kv_pool(PG_FUNCTION_ARGS)
 		values[i++] = Int64GetDatum((int64) (kg->blocks_used * kg->block_bytes));
 		values[i++] = Int32GetDatum(s.stats.live_seqs);
 		values[i++] = Int64GetDatum(s.stats.fit_full_context);
+		/* prefix caching, since the engine started */
+		values[i++] = Int64GetDatum(kg->blocks_cached);
+		values[i++] = Int64GetDatum((int64) kg->prefix_lookups);
+		values[i++] = Int64GetDatum((int64) kg->prefix_hits);
+		if (kg->prefix_lookups > 0)
+			values[i] = Float8GetDatum((double) kg->prefix_hits / (double) kg->prefix_lookups);
+		else
+			nulls[i] = true;
+		i++;
 		Assert(i == GEMMA_KV_POOL_COLS);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}

@@ -289,6 +289,7 @@ load_engine(EngineProc *ep, const G4EngineConfig *cfg)
 	o.max_num_seqs = cfg->max_num_seqs;
 	o.max_num_batched_tokens = cfg->max_num_batched_tokens;
 	o.num_speculative_tokens = cfg->num_speculative_tokens;
+	o.enable_prefix_caching = cfg->enable_prefix_caching;
 	memset(&err, 0, sizeof(err));
 	if (ep->api.open(&o, &ep->e, &err) != G4_OK)
 		fail_and_exit(ep, G4F_LOAD_FAILED, err.code, err.msg);
@@ -712,6 +713,9 @@ send_stats(EngineProc *ep)
 		w.groups[i].blocks_total = st.groups[i].blocks_total;
 		w.groups[i].blocks_used = st.groups[i].blocks_used;
 		w.groups[i].block_bytes = st.groups[i].block_bytes;
+		w.groups[i].blocks_cached = st.groups[i].blocks_cached;
+		w.groups[i].prefix_lookups = st.groups[i].prefix_lookups;
+		w.groups[i].prefix_hits = st.groups[i].prefix_hits;
 	}
 	w.kv_bytes_total = st.kv_bytes_total;
 	w.weight_bytes = st.weight_bytes;
@@ -728,6 +732,7 @@ send_stats(EngineProc *ep)
 	w.spec_drafted = st.spec_drafted;
 	w.spec_accepted = st.spec_accepted;
 	w.preemptions = st.preemptions;
+	w.prefix_hit_tokens = st.prefix_hit_tokens;
 	w.n_seqs = n;
 	for (i = 0; i < n; i++)
 	{

@@ -55,6 +55,8 @@ extern int	g4_cpu_threads;
 extern int	g4_max_requests;
 extern int	g4_default_max_tokens;
 extern int	g4_request_timeout;
+/* prefix caching */
+extern bool g4_enable_prefix_caching;
 
 /* ---- request kinds and wire structures ---------------------------------- */
 
@@ -139,6 +141,10 @@ typedef struct G4WireKvGroup
 	int64		blocks_total;
 	int64		blocks_used;
 	uint64		block_bytes;
+	/* prefix caching */
+	int64		blocks_cached;
+	uint64		prefix_lookups;
+	uint64		prefix_hits;
 } G4WireKvGroup;
 
 /* Engine statistics (g4_stats_get) with the strings copied in. */
@@ -164,6 +170,8 @@ typedef struct G4WireStats
 	uint64		spec_drafted;
 	uint64		spec_accepted;
 	uint64		preemptions;
+	/* prefix caching */
+	uint64		prefix_hit_tokens;	/* prompt tokens found computed, not prefilled */
 	int32		n_seqs;			/* G4WireSeq entries following in the frame */
 } G4WireStats;
 
@@ -384,6 +392,8 @@ typedef struct G4EngineConfig
 	int			num_speculative_tokens;
 	int			max_requests;
 	pid_t		supervisor_pid;
+	/* prefix caching */
+	bool		enable_prefix_caching;
 } G4EngineConfig;
 
 extern PGDLLEXPORT void gemma4_supervisor_main(Datum arg);

@@ -42,6 +42,8 @@ int			g4_cpu_threads = 0;
 int			g4_max_requests = 64;
 int			g4_default_max_tokens = 0;
 int			g4_request_timeout = 0;
+/* prefix caching */
+bool		g4_enable_prefix_caching = true;
 
 static const struct config_enum_entry kv_cache_dtype_options[] = {
 	{"bf16", G4_KV_BF16, false},
@@ -206,6 +208,16 @@ define_server_gucs(void)
 							64, 1, 8192,
 							PGC_POSTMASTER, 0,
 							NULL, NULL, NULL);
+
+	/* prefix caching */
+	DefineCustomBoolVariable("gemma4.enable_prefix_caching",
+							 "Share the KV cache of prompt prefixes common to several requests.",
+							 "Requests whose prompts start alike (a shared system message or instruction) "
+							 "skip the prefill of the part already computed; gemma_kv_pool shows the hit rate.",
+							 &g4_enable_prefix_caching,
+							 true,
+							 PGC_POSTMASTER, 0,
+							 NULL, NULL, NULL);
 }
 
 /*

@@ -425,6 +425,7 @@ prepare_config(void)
 	c->num_speculative_tokens = g4_num_speculative_tokens;
 	c->max_requests = n_requests;
 	c->supervisor_pid = MyProcPid;
+	c->enable_prefix_caching = g4_enable_prefix_caching;
 
 	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
 	strlcpy(g4_shared->model_path, c->model_path, MAXPGPATH);
@@ -570,6 +571,7 @@ engine_exited(int status)
 		b->spec_drafted += s->spec_drafted;
 		b->spec_accepted += s->spec_accepted;
 		b->preemptions += s->preemptions;
+		b->prefix_hit_tokens += s->prefix_hit_tokens;
 	}
 	g4_shared->have_stats = false;
 	g4_shared->n_seqs = 0;

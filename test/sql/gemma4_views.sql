@@ -29,6 +29,18 @@ CLOSE c;
 COMMIT;
 SELECT g4_wait_idle();
 
+-- prefix caching: a prompt starting like an earlier one finds its blocks
+-- cached; both layer groups count the lookup and the hit
+SHOW gemma4.enable_prefix_caching;
+SELECT coalesce(sum(prefix_hits), 0) AS hits_before FROM gemma_kv_pool \gset
+SELECT gemma_generate(repeat('The quick brown fox jumps over the lazy dog. ', 8) || 'One.', max_tokens => 2) IS NOT NULL AS first;
+SELECT gemma_generate(repeat('The quick brown fox jumps over the lazy dog. ', 8) || 'Two.', max_tokens => 2) IS NOT NULL AS second;
+SELECT kv_group, blocks_cached > 0 AS has_cached, blocks_used, prefix_lookups > 0 AS looked_up,
+       prefix_hits > 0 AS hit, prefix_hit_rate > 0 AND prefix_hit_rate <= 1 AS rate_in_range
+FROM gemma_kv_pool ORDER BY kv_group;
+SELECT sum(prefix_hits) > :hits_before AS second_hit FROM gemma_kv_pool;
+SELECT tokens_in_cached > 0 AS prefill_saved FROM gemma_stats;
+
 -- privileges: the views are for pg_monitor, the functions for everyone
 CREATE ROLE regress_g4_plain;
 CREATE ROLE regress_g4_monitor IN ROLE pg_monitor;
