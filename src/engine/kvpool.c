@@ -50,8 +50,12 @@ g4_kvpool_blocks_for(const g4_kvpool *p, int group, int n_tokens)
 
 /* Sliding windows the prefix cache may keep beyond what live sequences use:
  * a shared prefix is only usable with the sliding blocks of its last
- * window (prefix_cache.c), so that many survive even with every slot full. */
+ * window (prefix_cache.c), so that many survive even with every slot full.
+ * The room is added only where it costs at most 1/KEEP_COST_SHARE of the
+ * pool (a small pool keeps its capacity; kept windows then live on the
+ * sliding group's ordinary slack). */
 #define KEEP_WINDOWS 2
+#define KEEP_COST_SHARE 64
 
 static int
 cache_init(g4_kvpool *p, int g)
@@ -124,7 +128,8 @@ g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs
 			G4_DIV_UP(max_batched_tokens, G4_KV_BLOCK_TOKENS);
 
 		n = G4_MIN(n, (int64_t) max_seqs * (p->max_blocks_per_seq + 1));
-		if (caching)
+		if (caching && (size_t) (KEEP_WINDOWS * (per_seq - 1)) * p->block_bytes[G4_KVG_SLIDING] <=
+			budget / KEEP_COST_SHARE)
 			n += KEEP_WINDOWS * (per_seq - 1);
 		p->n_blocks[G4_KVG_SLIDING] = (int) n;
 	}

@@ -123,9 +123,7 @@ G4_TEST(engine_request_that_can_never_fit_fails_at_submit)
 	h_options(&o, model);
 	o.max_num_seqs = 2;
 	o.max_num_batched_tokens = 16;
-	/* sliding windows for 2 sequences plus 4 full blocks (64 tokens), with
-	 * no room for the prefix cache's kept windows */
-	o.enable_prefix_caching = 0;
+	/* sliding windows for 2 sequences plus 4 full blocks (64 tokens) */
 	o.kv_pool_bytes = 9 * 16384 + 4 * 4096;
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	h_token_request(&req, prompt_ids, 11, 100);

@@ -325,14 +325,19 @@ open_sized(const char *model, int caching, int max_seqs, int full_blocks, g4_eng
 	o.enable_prefix_caching = caching;
 	o.max_num_seqs = max_seqs;
 	o.max_num_batched_tokens = 64;
-	if ((rc = g4_open(&o, e, err)) != G4_OK)
-		return rc;
-	g4_stats_get(*e, &st);
-	g4_close(*e);
-	/* groups[0] sliding, [1] full; the sliding size does not depend on the budget */
-	o.kv_pool_bytes = (size_t) st.groups[0].blocks_total * st.groups[0].block_bytes +
-		(size_t) full_blocks * st.groups[1].block_bytes;
-	return g4_open(&o, e, err);
+	for (;;)
+	{
+		/* groups[0] sliding, [1] full: give or take the full blocks missing
+		 * (the sliding group's room for kept windows depends on the budget) */
+		if ((rc = g4_open(&o, e, err)) != G4_OK)
+			return rc;
+		g4_stats_get(*e, &st);
+		if (st.groups[1].blocks_total == full_blocks)
+			return G4_OK;
+		g4_close(*e);
+		o.kv_pool_bytes = (size_t) st.groups[0].blocks_total * st.groups[0].block_bytes +
+			(size_t) full_blocks * st.groups[1].block_bytes;
+	}
 }
 
 /* A small pool: cached blocks are reclaimed for new content when needed,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run-gpu.sh — the CUDA backend's checks and benchmarks, on a GPU machine.
 #
-#   test/gpu/run-gpu.sh [parity] [bench] [hf] [sanitize] [engine] [pg]
+#   test/gpu/run-gpu.sh [parity] [bench] [hf] [sanitize] [engine] [prefix] [pg]
 #                                              (default: parity bench hf)
 #
 # parity    every GPU operation against the CPU backend (build/run-gpu-tests)
@@ -10,6 +10,8 @@
 # sanitize  compute-sanitizer memcheck on one parity test
 # engine    the whole engine (scheduler, step graphs, device sampling) through
 #           gemma4-run: batch 1, 16 and 64 with 2k prompts
+# prefix    the prefix cache through the engine (bench-prefix): 640 requests
+#           sharing a 1,000-token prefix, 500 tokens of their own, batch 64
 # pg        PostgreSQL end to end (test/gpu/pg-e2e.sh; needs build/device)
 #
 # Builds what a stage needs when it is missing or does not start here (sm_90
@@ -39,6 +41,7 @@ need=$BIN/gemma4-make-model
 if has parity || has sanitize; then need="$need $BIN/run-gpu-tests"; fi
 if has bench; then need="$need $BIN/bench-gpu"; fi
 if has engine; then need="$need $BIN/gemma4-run"; fi
+if has prefix; then need="$need $BIN/bench-prefix"; fi
 need_build=0
 for b in $need; do
 	if [ ! -x "$b" ]; then need_build=1; fi
@@ -48,7 +51,7 @@ if [ $need_build = 0 ] && [ -x "$BIN/run-gpu-tests" ] && ! "$BIN/run-gpu-tests" 
 fi
 if [ $need_build = 1 ]; then
 	say "building (sm_90) in $BIN"
-	make -j16 BUILD="$BIN" NVCC_ARCH="-gencode arch=compute_90,code=sm_90" engine gpu-tests \
+	make -j16 BUILD="$BIN" NVCC_ARCH="-gencode arch=compute_90,code=sm_90" engine gpu-tests "$BIN/bench-prefix" \
 		>"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
 fi
 
@@ -59,7 +62,7 @@ fi
 
 # the 12B-shaped model is written on the CPU while the parity tests run
 GEN_PID=
-if { has bench || has hf || has engine || has pg; } && [ ! -f "$M12B/config.json" ]; then
+if { has bench || has hf || has engine || has prefix || has pg; } && [ ! -f "$M12B/config.json" ]; then
 	say "generating the 12B-shaped model in $M12B (background)"
 	( t0=$(date +%s); "$BIN/gemma4-make-model" --preset 12b --out "$M12B.tmp" >"$LOGS/make12b.log" 2>&1 &&
 		mv "$M12B.tmp" "$M12B" && echo "generated in $(( $(date +%s) - t0 )) s" >>"$LOGS/make12b.log" ) &
@@ -110,6 +113,13 @@ if has engine; then
 	echo "exit $?" >>"$LOGS/engine.log"
 fi
 
+if has prefix; then
+	say "prefix cache through the engine (log: prefix.log)"
+	timeout 500 "$BIN/bench-prefix" --model "$M12B" --backend cuda --requests 640 --prefix 1000 --doc 500 \
+		--max-tokens 16 --max-num-seqs 64 --max-batched 16384 --max-model-len 4096 >"$LOGS/prefix.log" 2>&1
+	echo "exit $?" >>"$LOGS/prefix.log"
+fi
+
 if has pg; then
 	say "PostgreSQL end to end (log: pg.log)"
 	G4_BIN=$BIN timeout 300 test/gpu/pg-e2e.sh "$LOGS/pg" 30 >"$LOGS/pg.log" 2>&1
@@ -144,6 +154,10 @@ fi
 if has engine && [ -f "$LOGS/engine.log" ]; then
 	echo "-- engine"
 	grep -E '^(-- batch|model|prefill|decode|memory|exit)' "$LOGS/engine.log"
+fi
+if has prefix && [ -f "$LOGS/prefix.log" ]; then
+	echo "-- prefix"
+	grep -vE '^(model|loading)' "$LOGS/prefix.log" | tail -8
 fi
 if has pg && [ -f "$LOGS/pg.log" ]; then
 	echo "-- PostgreSQL"
