@@ -313,6 +313,27 @@ g4_prefix_attach(g4_engine *e, g4_seq *s, g4_prefix_hit *hit)
 	return G4_OK;
 }
 
+int
+g4_prefix_pending(g4_engine *e, g4_seq *s)
+{
+	int			m = (s->n_prompt - 1) / BT;
+	int			i;
+
+	if (!e->kv.caching || (!s->block_hash && compute_keys(e, s) != G4_OK))
+		return 0;
+	for (i = 0; i < e->n_seqs; i++)
+	{
+		const g4_seq *r = e->seqs[i];
+		int			k = r->n_computed / BT;	/* r's first unfinished block */
+
+		/* equal keys of block k mean equal prompts up to its end */
+		if (r != s && r->slot >= 0 && r->block_hash && k < m && k < r->n_block_hash &&
+			r->block_hash[k] == s->block_hash[k])
+			return 1;
+	}
+	return 0;
+}
+
 void
 g4_prefix_account(g4_engine *e, const g4_seq *s, const g4_prefix_hit *hit)
 {

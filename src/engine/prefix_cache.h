@@ -26,6 +26,11 @@ void		g4_prefix_key_init(uint64_t key[2]);
  * prefill starts.  Fails only on memory or device errors. */
 int			g4_prefix_attach(g4_engine *e, g4_seq *s, g4_prefix_hit *hit);
 
+/* True when an admitted sequence is computing, but has not finished, the
+ * next block of s's prompt that s would otherwise compute itself: s is
+ * better admitted once that block is cached. */
+int			g4_prefix_pending(g4_engine *e, g4_seq *s);
+
 /* Count an admission's lookups and hits (once s is admitted). */
 void		g4_prefix_account(g4_engine *e, const g4_seq *s, const g4_prefix_hit *hit);
 
