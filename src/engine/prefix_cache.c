@@ -33,6 +33,11 @@
  *  - A hit never ends inside a block of soft tokens: with bidirectional
  *    attention their K/V depend on the whole block.
  *
+ * Blocks are registered once the step that computed them is done, so
+ * requests admitted in the same step would all compute a prefix they
+ * share; instead a request whose next block an admitted sequence is
+ * prefilling waits for it (g4_prefix_pending).
+ *
  * The collapse this avoids.  With plain LRU eviction the sliding blocks of
  * a shared prefix leave every window early (the sequences move on) and are
  * recycled by interleaved sequences long before the full-layer blocks; from

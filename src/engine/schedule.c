@@ -12,8 +12,8 @@
  *     admission, so nobody starves.  A sequence whose prompt starts with
  *     cached blocks (prefix_cache.c) is admitted with them already computed
  *     and prefills only the rest; one whose next blocks an admitted sequence
- *     is prefilling right now waits until they are cached (this bounds the
- *     wait: that prefill always progresses).
+ *     is prefilling right now waits until they are cached (or that
+ *     sequence is preempted), letting later arrivals go first.
  * When a running sequence needs a block and the pool is empty, the most
  * recently admitted sequence is preempted: its blocks are freed and it goes
  * back to waiting, to be recomputed from its tokens later (dropping its
@@ -219,15 +219,15 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 
 		if (s->slot >= 0 || scheduled(sc, s))
 			continue;
+		for (slot = 0; slot < e->max_seqs && e->slot_used[slot]; slot++)
+			;
+		if (slot == e->max_seqs)
+			break;
 		/* prefix caching: a prompt whose next blocks another sequence is
 		 * prefilling right now waits for them (later arrivals go first)
 		 * rather than computing the same blocks a second time */
 		if (g4_prefix_pending(e, s))
 			continue;
-		for (slot = 0; slot < e->max_seqs && e->slot_used[slot]; slot++)
-			;
-		if (slot == e->max_seqs)
-			break;
 		s->slot = slot;
 		/* prefix caching: the cached part of the prompt is not prefilled */
 		rc = g4_prefix_attach(e, s, &hit);

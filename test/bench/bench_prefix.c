@@ -203,6 +203,7 @@ main(int argc, char **argv)
 	size_t	   *len[2];
 	int			i;
 
+	setvbuf(stdout, NULL, _IOLBF, 0);
 	memset(&c, 0, sizeof(c));
 	g4_options_default(&c.o);
 	c.o.model_path = "build/models/gemma-3-270m-q4_k_m.gguf";
