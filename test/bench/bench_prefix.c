@@ -275,12 +275,12 @@ main(int argc, char **argv)
 		/* every whole-block prefill of the prefix beyond the first one */
 		prefills = 1.0 + ((double) st.tokens_prefilled - ideal) / (double) (shared_blocks_tokens > 0 ? shared_blocks_tokens : 1);
 		printf("cache %-3s %s on %s, KV %s: prefilled %llu tokens, %llu from the cache (%.1f%% of %llu prompt "
-			   "tokens); the prefix's blocks prefilled %.2f times = %.2f per 64 requests; %.2f s, %.1f requests/s\n",
+			   "tokens); the prefix's blocks prefilled %.2f times = %.2f per 64 requests; %.2f s, %.3f requests/s\n",
 			   caching ? "on:" : "off:", st.backend, st.device, st.kv_dtype, (unsigned long long) st.tokens_prefilled,
 			   (unsigned long long) st.prefix_hit_tokens,
-			   st.prefix_query_tokens ? 100.0 * (double) st.prefix_hit_tokens / (double) st.prefix_query_tokens : 0.0,
-			   (unsigned long long) st.prefix_query_tokens, prefills, prefills * 64.0 / (double) c.requests, sec,
-			   (double) total / sec);
+			   100.0 * (double) st.prefix_hit_tokens / ((double) total * (double) (c.prefix + c.doc)),
+			   (unsigned long long) total * (unsigned long long) (c.prefix + c.doc), prefills,
+			   prefills * 64.0 / (double) c.requests, sec, (double) total / sec);
 		if (caching)
 			for (i = 0; i < st.n_groups; i++)
 				printf("          %s group: %lld blocks cached of %lld, %llu of %llu blocks looked up found\n",
