@@ -260,6 +260,7 @@ CREATE TABLE gemma_job (
 	condition text,
 	system text,
 	options jsonb NOT NULL DEFAULT '{}',
+	completion boolean NOT NULL DEFAULT false,
 	follow boolean NOT NULL DEFAULT false,
 	workers int NOT NULL DEFAULT 1 CHECK (workers BETWEEN 1 AND 8),
 	state text NOT NULL DEFAULT 'running'
@@ -358,7 +359,8 @@ CREATE FUNCTION gemma_job_create(relation regclass,
 								 options jsonb DEFAULT '{}',
 								 key name DEFAULT NULL,
 								 follow boolean DEFAULT false,
-								 workers int DEFAULT 1)
+								 workers int DEFAULT 1,
+								 completion boolean DEFAULT false)
 RETURNS bigint
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -391,6 +393,11 @@ BEGIN
 		END IF;
 		key := keys[1];
 	END IF;
+	IF completion AND system IS NOT NULL THEN
+		RAISE EXCEPTION 'a completion job has no system message'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Put the instruction into the prompt, or pass completion => false.';
+	END IF;
 	IF key = target THEN
 		RAISE EXCEPTION 'the key column cannot be the target column'
 			USING ERRCODE = 'invalid_parameter_value';
@@ -403,9 +410,10 @@ BEGIN
 	EXECUTE format('UPDATE %s SET %I = NULL::text WHERE false', rel, target);
 
 	INSERT INTO gemma_job (owner, relid, key_column, target_column, prompt, condition,
-						   system, options, follow, workers)
+						   system, options, completion, follow, workers)
 	VALUES (current_user::regrole, relation, key, target, prompt, condition,
-			system, coalesce(options, '{}'), follow, workers)
+			system, coalesce(options, '{}'), coalesce(completion, false), coalesce(follow, false),
+			workers)
 	RETURNING id INTO job;
 	EXECUTE format('INSERT INTO gemma_job_queue (job_id, key) SELECT $1, %I::text FROM %s WHERE %s',
 				   key, rel, coalesce(condition, 'true')) USING job;
@@ -424,7 +432,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION gemma_job_create(regclass, name, text, text, text, jsonb, name, boolean, int) IS
+COMMENT ON FUNCTION gemma_job_create(regclass, name, text, text, text, jsonb, name, boolean, int, boolean) IS
 'start a background job that sets target to the answer to prompt (an expression over the table''s columns) for the rows matching condition';
 
 /* The job as the caller may see it; raises an error when it may not. */

@@ -409,9 +409,10 @@ extern void g4_engine_proc_main(int sock, const G4EngineConfig *cfg) pg_attribut
 
 /* ---- table jobs (job.c, job_worker.c, generate.c) ---------------------- */
 
-/* A chat request from a job's system message, prompt and options. */
-extern void g4_build_job_request(G4WireRequest *req, StringInfo items, const char *system,
-								 const char *prompt, Jsonb *options, int window);
+/* A job's request for one row (chat, or raw completion). */
+extern void g4_build_job_request(G4WireRequest *req, StringInfo items, bool completion,
+								 const char *system, const char *prompt, Jsonb *options,
+								 int window);
 /* An answer's UTF-8 bytes as text in the database encoding. */
 extern text *g4_answer_text(const char *utf8, Size len);
 /* Start the job launcher (the supervisor does, each time it starts). */

@@ -888,20 +888,21 @@ gemma_chat(PG_FUNCTION_ARGS)
 /* ---- table jobs --------------------------------------------------------- */
 
 /*
- * A table job's request for one row: the job's system message, the row's
- * prompt and the job's options (gemma_chat's keys), checked as gemma_chat
- * checks them.
+ * A table job's request for one row: the row's prompt as a chat message
+ * after the job's system message, or as a raw completion (completion, no
+ * system message), with the job's options (gemma_chat's keys), checked as
+ * gemma_chat checks them.
  */
 void
-g4_build_job_request(G4WireRequest *req, StringInfo items, const char *system,
+g4_build_job_request(G4WireRequest *req, StringInfo items, bool completion, const char *system,
 					 const char *prompt, Jsonb *options, int window)
 {
 	G4Build		b;
 
-	build_init(&b, G4_KIND_CHAT);
+	build_init(&b, completion ? G4_KIND_TEXT : G4_KIND_CHAT);
 	if (system)
 		add_text_item(&b, G4_ITEM_SYSTEM, system);
-	add_text_item(&b, G4_ITEM_USER, prompt);
+	add_text_item(&b, completion ? G4_ITEM_PROMPT : G4_ITEM_USER, prompt);
 	if (options)
 		parse_options(&b, options);
 	build_finish(&b, window);

@@ -95,6 +95,7 @@ typedef struct Job
 {
 	int64		id;
 	int			index;			/* this worker's number */
+	bool		completion;
 	char	   *system;
 	Jsonb	   *options;
 	int			max_in_flight;
@@ -275,7 +276,7 @@ load_job(Job *job, Oid owner)
 	v[0] = Int64GetDatum(job->id);
 	if (SPI_execute_with_args(psprintf("SELECT owner, relid, key_column, target_column, prompt, "
 									   "coalesce(condition, 'true'), system, options, workers, "
-									   "state = 'running' FROM %s WHERE id = $1", jt),
+									   "state = 'running', completion FROM %s WHERE id = $1", jt),
 							  1, a_job, v, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gemma job " INT64_FORMAT, job->id);
 	if (SPI_processed == 0)
@@ -301,6 +302,7 @@ load_job(Job *job, Oid owner)
 	job->system = SPI_getvalue(t, d, 7);
 	job->options = DatumGetJsonbPCopy(SPI_getbinval(t, d, 8, &isnull));
 	workers = DatumGetInt32(SPI_getbinval(t, d, 9, &isnull));
+	job->completion = DatumGetBool(SPI_getbinval(t, d, 11, &isnull));
 	MemoryContextSwitchTo(old);
 
 	if (get_rel_name(relid) == NULL)
@@ -541,7 +543,7 @@ claim_rows(Job *job, int window)
 			}
 			old = MemoryContextSwitchTo(row->cxt);
 			row->prompt = pstrdup(prompt);
-			g4_build_job_request(&row->req, &row->items, job->system, prompt, job->options, window);
+			g4_build_job_request(&row->req, &row->items, job->completion, job->system, prompt, job->options, window);
 			MemoryContextSwitchTo(old);
 			break;
 		}
