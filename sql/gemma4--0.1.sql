@@ -262,6 +262,7 @@ CREATE TABLE gemma_job (
 	options jsonb NOT NULL DEFAULT '{}',
 	completion boolean NOT NULL DEFAULT false,
 	follow boolean NOT NULL DEFAULT false,
+	search_path text NOT NULL DEFAULT '',		-- the creator's, for the expressions
 	workers int NOT NULL DEFAULT 1 CHECK (workers BETWEEN 1 AND 8),
 	state text NOT NULL DEFAULT 'running'
 		CHECK (state IN ('running', 'paused', 'cancelled', 'done', 'failed')),
@@ -344,6 +345,9 @@ BEGIN
 		RETURN NULL;
 	END IF;
 	EXECUTE format('SELECT ($1).%I::text', TG_ARGV[1]) USING NEW INTO k;
+	IF k IS NULL THEN
+		RETURN NULL;
+	END IF;
 	INSERT INTO gemma_job_queue (job_id, key) VALUES (TG_ARGV[0]::bigint, k)
 		ON CONFLICT DO NOTHING;
 	RETURN NULL;
@@ -351,6 +355,11 @@ END
 $$;
 REVOKE ALL ON FUNCTION gemma_job_enqueue() FROM PUBLIC;
 
+/*
+ * No SET search_path: the job's expressions are checked, and later run by its
+ * workers, with the caller's search_path (stored with the job); the
+ * extension's own objects are named with its schema.
+ */
 CREATE FUNCTION gemma_job_create(relation regclass,
 								 target name,
 								 prompt text,
@@ -362,17 +371,19 @@ CREATE FUNCTION gemma_job_create(relation regclass,
 								 workers int DEFAULT 1,
 								 completion boolean DEFAULT false)
 RETURNS bigint
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
 	job bigint;
 	keys name[];
 	rel text := relation::text;
+	ext text := (SELECT quote_ident(n.nspname) FROM pg_catalog.pg_extension e
+				 JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'gemma4');
 BEGIN
 	IF relation IS NULL OR target IS NULL OR prompt IS NULL THEN
 		RAISE EXCEPTION 'relation, target and prompt must not be null'
 			USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	IF NOT (SELECT rolcanlogin FROM pg_roles WHERE rolname = current_user) THEN
+	IF NOT (SELECT rolcanlogin FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
 		RAISE EXCEPTION 'role "%" cannot log in, so no job can run as it', current_user
 			USING ERRCODE = 'insufficient_privilege',
 				  HINT = 'A job runs as the role that creates it: create it as a role with LOGIN.';
@@ -382,11 +393,11 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	IF key IS NULL THEN
-		SELECT array_agg(a.attname) INTO keys
-		  FROM pg_index i JOIN pg_attribute a
+		SELECT pg_catalog.array_agg(a.attname) INTO keys
+		  FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a
 			ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
 		 WHERE i.indrelid = relation AND i.indisprimary;
-		IF keys IS NULL OR cardinality(keys) <> 1 THEN
+		IF keys IS NULL OR pg_catalog.cardinality(keys) <> 1 THEN
 			RAISE EXCEPTION 'table % has no single-column primary key', rel
 				USING ERRCODE = 'invalid_parameter_value',
 					  HINT = 'Pass key => the name of a unique, not null column.';
@@ -402,32 +413,32 @@ BEGIN
 		RAISE EXCEPTION 'the key column cannot be the target column'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	PERFORM gemma_job_check_options(options, system);
+	EXECUTE format('SELECT %s.gemma_job_check_options($1, $2)', ext) USING options, system;
 	-- as the caller, whom the job will run as: the columns exist, the
 	-- expressions parse, and the caller may read and update what they use
 	EXECUTE format('SELECT %I::text, (%s)::text FROM %s WHERE (%s) AND false',
 				   key, prompt, rel, coalesce(condition, 'true'));
 	EXECUTE format('UPDATE %s SET %I = NULL::text WHERE false', rel, target);
 
-	INSERT INTO gemma_job (owner, relid, key_column, target_column, prompt, condition,
-						   system, options, completion, follow, workers)
-	VALUES (current_user::regrole, relation, key, target, prompt, condition,
-			system, coalesce(options, '{}'), coalesce(completion, false), coalesce(follow, false),
-			workers)
-	RETURNING id INTO job;
-	EXECUTE format('INSERT INTO gemma_job_queue (job_id, key) SELECT $1, %I::text FROM %s WHERE %s',
-				   key, rel, coalesce(condition, 'true')) USING job;
+	EXECUTE format('INSERT INTO %s.gemma_job (owner, relid, key_column, target_column, prompt, condition, '
+				   'system, options, completion, follow, workers, search_path) '
+				   'VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id', ext)
+	   INTO job
+	  USING current_user::regrole, relation, key, target, prompt, condition, system,
+			coalesce(options, '{}'), coalesce(completion, false), coalesce(follow, false), workers,
+			pg_catalog.current_setting('search_path');
+	EXECUTE format('INSERT INTO %s.gemma_job_queue (job_id, key) SELECT $1, %I::text FROM %s WHERE %s',
+				   ext, key, rel, coalesce(condition, 'true')) USING job;
 	IF follow THEN
-		EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L, %L)',
-					   'gemma_job_' || job || '_insert', rel, 'gemma_job_enqueue'::regproc, job, key);
+		EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s.gemma_job_enqueue(%L, %L)',
+					   'gemma_job_' || job || '_insert', rel, ext, job, key);
 		-- the job's own answers change only the target: they queue nothing
 		EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s FOR EACH ROW '
 					   'WHEN ((to_jsonb(OLD) - %L) IS DISTINCT FROM (to_jsonb(NEW) - %L)) '
-					   'EXECUTE FUNCTION %s(%L, %L)',
-					   'gemma_job_' || job || '_update', rel, target, target,
-					   'gemma_job_enqueue'::regproc, job, key);
+					   'EXECUTE FUNCTION %s.gemma_job_enqueue(%L, %L)',
+					   'gemma_job_' || job || '_update', rel, target, target, ext, job, key);
 	END IF;
-	PERFORM gemma_job_launch(job);
+	EXECUTE format('SELECT %s.gemma_job_launch($1)', ext) USING job;
 	RETURN job;
 END
 $$;

@@ -107,6 +107,8 @@ typedef struct Job
 	SPIPlanPtr	take;
 	SPIPlanPtr	write;
 	SPIPlanPtr	exists;
+	SPIPlanPtr	lock;
+	SPIPlanPtr	present;
 	SPIPlanPtr	requeue;
 	SPIPlanPtr	release;
 	SPIPlanPtr	error;
@@ -129,8 +131,8 @@ static void submit_rows(Job *job);
 static void submit_row(JobRow *row);
 static void poll_rows(Job *job);
 static void write_outcomes(Job *job);
-static void write_row(Job *job, JobRow *row, int64 *counts);
-static void write_outcome(Job *job, JobRow *row, int64 *counts);
+static bool write_row(Job *job, JobRow *row, int64 *counts);
+static bool write_outcome(Job *job, JobRow *row, int64 *counts);
 static void fail_row(JobRow *row, const char *sqlstate, const char *message, bool transient);
 static void free_row(Job *job, JobRow *row);
 static void release_all(Job *job);
@@ -276,7 +278,7 @@ load_job(Job *job, Oid owner)
 	v[0] = Int64GetDatum(job->id);
 	if (SPI_execute_with_args(psprintf("SELECT owner, relid, key_column, target_column, prompt, "
 									   "coalesce(condition, 'true'), system, options, workers, "
-									   "state = 'running', completion FROM %s WHERE id = $1", jt),
+									   "state = 'running', completion, search_path FROM %s WHERE id = $1", jt),
 							  1, a_job, v, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gemma job " INT64_FORMAT, job->id);
 	if (SPI_processed == 0)
@@ -304,6 +306,16 @@ load_job(Job *job, Oid owner)
 	workers = DatumGetInt32(SPI_getbinval(t, d, 9, &isnull));
 	job->completion = DatumGetBool(SPI_getbinval(t, d, 11, &isnull));
 	MemoryContextSwitchTo(old);
+
+	/* the expressions mean what they meant to the job's creator */
+	{
+		Oid			a_path[1] = {TEXTOID};
+		Datum		path[1] = {SPI_getbinval(t, d, 12, &isnull)};
+
+		if (SPI_execute_with_args("SELECT pg_catalog.set_config('search_path', $1, false)",
+								  1, a_path, path, NULL, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not set the search_path of gemma job " INT64_FORMAT, job->id);
+	}
 
 	if (get_rel_name(relid) == NULL)
 		ereport(ERROR,
@@ -334,10 +346,11 @@ load_job(Job *job, Oid owner)
 		Oid			a_counters[6] = {INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, TEXTOID};
 		Oid			a_reset[2] = {INT8OID, INT4OID};
 
-		job->claim = plan(psprintf("UPDATE %s q SET claimed_by = $2 FROM "
-								   "(SELECT key FROM %s WHERE job_id = $1 AND claimed_by IS NULL "
-								   "AND retry_at <= now() LIMIT $3 FOR UPDATE SKIP LOCKED) c "
-								   "WHERE q.job_id = $1 AND q.key = c.key RETURNING q.key, q.attempts",
+		/* ARRAY(): an init plan, run once (a join could rescan the LIMIT) */
+		job->claim = plan(psprintf("UPDATE %s SET claimed_by = $2 WHERE job_id = $1 AND claimed_by IS NULL "
+								   "AND key = ANY (ARRAY(SELECT key FROM %s WHERE job_id = $1 "
+								   "AND claimed_by IS NULL AND retry_at <= now() "
+								   "LIMIT $3 FOR UPDATE SKIP LOCKED)) RETURNING key, attempts",
 								   qt, qt), 3, a_claim);
 		job->fetch = plan(psprintf("SELECT %s::text, (%s)::text FROM %s WHERE %s = ANY ($1::%s[]) AND (%s)",
 								   key, prompt, rel, key, keytype, cond), 1, a_keys);
@@ -347,6 +360,9 @@ load_job(Job *job, Oid owner)
 								   rel, target, key, keytype, prompt, cond), 3, a_write);
 		job->exists = plan(psprintf("SELECT FROM %s WHERE %s = $1::%s AND (%s)",
 									rel, key, keytype, cond), 1, a_key);
+		job->lock = plan(psprintf("SELECT FROM %s WHERE %s = $1::%s FOR UPDATE SKIP LOCKED",
+								  rel, key, keytype), 1, a_key);
+		job->present = plan(psprintf("SELECT FROM %s WHERE %s = $1::%s", rel, key, keytype), 1, a_key);
 		job->requeue = plan(psprintf("INSERT INTO %s (job_id, key) VALUES ($1, $2) ON CONFLICT DO NOTHING",
 									 qt), 2, a_requeue);
 		job->release = plan(psprintf("UPDATE %s SET claimed_by = NULL, attempts = $4, "
@@ -509,7 +525,8 @@ claim_rows(Job *job, int window)
 		for (j = 0; j < job->max_in_flight && row == NULL; j++)
 			if (!job->rows[j].used)
 				row = &job->rows[j];
-		Assert(row != NULL);
+		if (row == NULL)
+			elog(ERROR, "gemma job " INT64_FORMAT " claimed more rows than it has places for", job->id);
 		memset(row, 0, sizeof(JobRow));
 		row->used = true;
 		row->cxt = AllocSetContextCreate(job->cxt, "gemma4 job row", ALLOCSET_SMALL_SIZES);
@@ -695,7 +712,8 @@ write_outcomes(Job *job)
 
 		if (!row->used || !row->finished)
 			continue;
-		write_row(job, row, counts);
+		if (!write_row(job, row, counts))
+			continue;			/* its row is locked: next time */
 		if (!row->ok && !row->transient)
 			last_error = psprintf("row %s: %s", row->key, row->message);
 		free_row(job, row);
@@ -714,19 +732,21 @@ write_outcomes(Job *job)
 
 /*
  * Write one row's outcome in a subtransaction: a row whose write fails (a
- * constraint, a policy) fails alone, recorded in the errors table.
+ * constraint, a policy) fails alone, recorded in the errors table.  False
+ * when the row is locked by another transaction and must wait.
  */
-static void
+static bool
 write_row(Job *job, JobRow *row, int64 *counts)
 {
 	MemoryContext old = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
+	volatile bool written = true;
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(old);
 	PG_TRY();
 	{
-		write_outcome(job, row, counts);
+		written = write_outcome(job, row, counts);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(old);
 		CurrentResourceOwner = owner;
@@ -742,33 +762,54 @@ write_row(Job *job, JobRow *row, int64 *counts)
 		MemoryContextSwitchTo(old);
 		CurrentResourceOwner = owner;
 		fail_row(row, unpack_sql_state(edata->sqlerrcode), edata->message, false);
-		write_outcome(job, row, counts);
+		written = write_outcome(job, row, counts);
 	}
 	PG_END_TRY();
+	return written;
 }
 
 /*
  * One row's outcome: the answer where the row's prompt is still the one
  * answered, a retry for a transient failure, an error row otherwise.
+ *
+ * The worker never waits for a lock on a row of the table: it writes many
+ * rows per transaction, and a statement of another session that changes
+ * several rows (and queues them through the job's trigger, waiting for this
+ * transaction's queue entries) would otherwise deadlock with it.  A row
+ * locked by another transaction is left for the next write (false).
  */
-static void
+static bool
 write_outcome(Job *job, JobRow *row, int64 *counts)
 {
 	Datum		k[3] = {Int64GetDatum(job->id), text_datum(row->key), Int32GetDatum(job->index)};
 
-	if (!row->ok && row->transient && row->attempts + 1 < JOB_MAX_ATTEMPTS)
+	/* only a request that ran counts as an attempt (not one refused a slot) */
+	int			attempts = row->request ? row->attempts + 1 : row->attempts;
+
+	if (!row->ok && row->transient && attempts < JOB_MAX_ATTEMPTS)
 	{
-		Datum		v[5] = {k[0], k[1], k[2], Int32GetDatum(row->attempts + 1),
-		Float8GetDatum((double) (row->attempts + 1))};
+		Datum		v[5] = {k[0], k[1], k[2], Int32GetDatum(attempts),
+		Float8GetDatum((double) Max(attempts, 1))};
 
 		SPI_execute_plan(job->release, v, NULL, false, 0);
-		return;
+		return true;
+	}
+
+	if (row->ok)
+	{
+		SPI_execute_plan(job->lock, &k[1], NULL, false, 1);
+		if (SPI_processed == 0)
+		{
+			SPI_execute_plan(job->present, &k[1], NULL, true, 1);
+			if (SPI_processed > 0)
+				return false;
+		}
 	}
 
 	/* not ours any more (the job was cancelled): nothing to write */
 	SPI_execute_plan(job->take, k, NULL, false, 0);
 	if (SPI_processed == 0)
-		return;
+		return true;
 
 	if (row->ok)
 	{
@@ -781,22 +822,23 @@ write_outcome(Job *job, JobRow *row, int64 *counts)
 			counts[0]++;
 			counts[2] += row->prompt_tokens;
 			counts[3] += row->completion_tokens;
-			return;
+			return true;
 		}
 		/* the prompt changed while it was answered: queue the row again */
 		SPI_execute_plan(job->exists, &k[1], NULL, true, 1);
 		if (SPI_processed > 0)
 			SPI_execute_plan(job->requeue, k, NULL, false, 0);
-		return;
+		return true;
 	}
 
 	{
 		Datum		e[5] = {k[0], k[1], text_datum(row->sqlstate), text_datum(row->message),
-		Int32GetDatum(row->attempts + 1)};
+		Int32GetDatum(attempts)};
 
 		SPI_execute_plan(job->error, e, NULL, false, 0);
 		counts[1]++;
 	}
+	return true;
 }
 
 /* Forget a row; deleting its context cancels a request still running. */

@@ -18,6 +18,7 @@ SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'summary', 'body', sy
 SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'summary', 'body', options => '{"top_p": 2}')$$);
 SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'summary', 'body', options => '{"images": 1}')$$);
 SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'n', 'body')$$);
+SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'summary', 'body', system => 'Be brief.', completion => true)$$);
 -- a job runs as its creator, who must be able to log in
 CREATE ROLE g4_job_nologin;
 GRANT SELECT, UPDATE ON job_docs TO g4_job_nologin;
