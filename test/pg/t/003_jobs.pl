@@ -105,8 +105,11 @@ sub job_worker_pid
 
 sub start_job
 {
+	my ($workers) = @_;
+	$workers //= 1;
 	return $node->safe_psql('postgres',
-		"SELECT gemma_job_create('docs', 'summary', \$\$'Summarize: ' || body\$\$, options => $GEN)");
+		"SELECT gemma_job_create('docs', 'summary', \$\$'Summarize: ' || body\$\$, options => $GEN, workers => $workers)"
+	);
 }
 
 # ---- a job equals gemma_generate row by row ---------------------------------
@@ -182,9 +185,9 @@ sub start_job
 # ---- faults mid-job ---------------------------------------------------------
 sub fault
 {
-	my ($what, $action) = @_;
+	my ($what, $action, $workers) = @_;
 	reset_docs();
-	my $job = start_job();
+	my $job = start_job($workers);
 	$node->poll_query_until('postgres', "SELECT rows_done > 60 FROM gemma_jobs WHERE job = $job");
 	$action->($job);
 	my ($state) = wait_job($job, $what);
@@ -211,12 +214,16 @@ fault('kill -9 of the engine process', sub {
 		'kill -9 of the engine process: the engine restarts');
 });
 
+# with two workers sharing the queue
 fault('restart -m immediate', sub {
 	my ($job) = @_;
+	is($node->safe_psql('postgres',
+			"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+		'2', 'restart -m immediate: the job has two workers');
 	$node->stop('immediate');
 	$node->start;
 	$node->safe_psql('postgres', 'SELECT gemma_wait_ready(60000)');
-});
+}, 2);
 
 # ---- keep up to date: changed and new rows, never a stale answer -----------
 {
