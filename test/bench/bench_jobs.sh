@@ -37,7 +37,7 @@ report() {
   awk -v w="$what" -v r="$ROWS" -v a="$t0" -v b="$t1" -v s0="$before" -v s1="$after" 'BEGIN {
     split(s0, x, " "); split(s1, y, " "); n = y[1] - x[1]; st = y[2] - x[2]; bs = y[3] - x[3];
     printf "%-22s %6.1f s  %7.2f rows/s  %8.1f generated tokens/s  mean batch %.1f\n",
-           w, b - a, r / (b - a), n / (b - a), st > 0 ? bs / st : 0 }'
+           w, b - a, r / (b - a), n / (b - a), (st > 0 ? bs / st : 0) }'
 }
 
 # through the job system
