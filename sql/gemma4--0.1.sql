@@ -483,7 +483,9 @@ LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
 	j gemma_job := gemma_job_get(job);
 BEGIN
-	IF j.state NOT IN ('paused', 'failed') THEN
+	-- a running job: start workers that are missing (one that runs already
+	-- holds its number's lock, and the new one exits)
+	IF j.state NOT IN ('paused', 'failed', 'running') THEN
 		RAISE EXCEPTION 'gemma job % is %, not paused or failed', job, j.state
 			USING ERRCODE = 'object_not_in_prerequisite_state';
 	END IF;

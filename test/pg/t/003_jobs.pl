@@ -165,6 +165,15 @@ sub start_job
 	is($node->safe_psql('postgres', "SELECT state, rows_done, rows_in_progress FROM gemma_jobs WHERE job = $job"),
 		"paused|$done|0", 'pause: nothing moves, nothing is claimed');
 	$node->safe_psql('postgres', "SELECT gemma_job_resume($job)");
+	$node->poll_query_until('postgres', "SELECT rows_done > $done + 20 FROM gemma_jobs WHERE job = $job");
+	# a worker terminated by hand: resuming the running job starts it again
+	$node->safe_psql('postgres', 'SELECT pg_terminate_backend(' . job_worker_pid($job) . ')');
+	ok($node->poll_query_until('postgres',
+			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+		'terminate: the worker is gone');
+	is($node->safe_psql('postgres', "SELECT state FROM gemma_jobs WHERE job = $job"),
+		'running', 'terminate: the job is still running');
+	$node->safe_psql('postgres', "SELECT gemma_job_resume($job)");
 	my ($state) = wait_job($job, 'resume', $ROWS);
 	is($state, 'done', 'resume: the job completes');
 	check_filled('pause and resume');
