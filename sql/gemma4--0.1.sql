@@ -246,3 +246,317 @@ GRANT EXECUTE ON FUNCTION gemma_requests() TO pg_monitor;
 GRANT SELECT ON gemma_stats TO pg_monitor;
 GRANT SELECT ON gemma_kv_pool TO pg_monitor;
 GRANT SELECT ON gemma_requests TO pg_monitor;
+
+/* ---- table jobs ----------------------------------------------------------
+ *
+ * A job fills a target column of a table from a prompt expression over the
+ * table's columns, in the background (src/pg/job.c, src/pg/job_worker.c).
+ * Its state lives in these tables: the job row (definition, state, counters),
+ * the queue of row keys still to answer and the rows that failed.  Every
+ * table has row-level security: a role sees and changes only the jobs of the
+ * roles it is a member of (superusers see all), and a job's workers run as
+ * the role that created it, so that role's privileges and policies apply to
+ * what they read and write.
+ */
+CREATE TABLE gemma_job (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	owner oid NOT NULL,
+	relid oid NOT NULL,
+	key_column name NOT NULL,
+	target_column name NOT NULL,
+	prompt text NOT NULL,
+	condition text,
+	system text,
+	options jsonb NOT NULL DEFAULT '{}',
+	completion boolean NOT NULL DEFAULT false,
+	follow boolean NOT NULL DEFAULT false,
+	search_path text NOT NULL DEFAULT '',		-- the creator's, for the expressions
+	workers int NOT NULL DEFAULT 1 CHECK (workers BETWEEN 1 AND 8),
+	state text NOT NULL DEFAULT 'running'
+		CHECK (state IN ('running', 'paused', 'cancelled', 'done', 'failed')),
+	started_at timestamptz NOT NULL DEFAULT now(),
+	finished_at timestamptz,
+	rows_done bigint NOT NULL DEFAULT 0,
+	rows_failed bigint NOT NULL DEFAULT 0,
+	tokens_in bigint NOT NULL DEFAULT 0,
+	tokens_out bigint NOT NULL DEFAULT 0,
+	last_error text
+);
+
+/* Row keys (as text) still to answer; claimed_by is the worker number. */
+CREATE TABLE gemma_job_queue (
+	job_id bigint NOT NULL REFERENCES gemma_job ON DELETE CASCADE,
+	key text NOT NULL,
+	claimed_by int,
+	attempts int NOT NULL DEFAULT 0,
+	retry_at timestamptz NOT NULL DEFAULT '-infinity',
+	PRIMARY KEY (job_id, key)
+);
+
+CREATE TABLE gemma_job_errors (
+	job_id bigint NOT NULL REFERENCES gemma_job ON DELETE CASCADE,
+	row_key text NOT NULL,
+	sqlstate text NOT NULL,
+	message text NOT NULL,
+	attempts int NOT NULL,
+	failed_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX ON gemma_job_errors (job_id);
+
+ALTER TABLE gemma_job ENABLE ROW LEVEL SECURITY;
+ALTER TABLE gemma_job_queue ENABLE ROW LEVEL SECURITY;
+ALTER TABLE gemma_job_errors ENABLE ROW LEVEL SECURITY;
+CREATE POLICY gemma_job_members ON gemma_job
+	USING (pg_has_role(owner, 'MEMBER')) WITH CHECK (pg_has_role(owner, 'MEMBER'));
+-- the subquery sees only the jobs gemma_job's policy lets the caller see
+CREATE POLICY gemma_job_queue_members ON gemma_job_queue
+	USING (job_id IN (SELECT id FROM gemma_job));
+CREATE POLICY gemma_job_errors_members ON gemma_job_errors
+	USING (job_id IN (SELECT id FROM gemma_job));
+GRANT SELECT, INSERT, DELETE ON gemma_job TO PUBLIC;
+GRANT UPDATE (state, finished_at, rows_done, rows_failed, tokens_in, tokens_out, last_error)
+	ON gemma_job TO PUBLIC;
+GRANT SELECT, INSERT, UPDATE, DELETE ON gemma_job_queue TO PUBLIC;
+GRANT SELECT, INSERT, DELETE ON gemma_job_errors TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('gemma_job', '');
+SELECT pg_catalog.pg_extension_config_dump('gemma_job_queue', '');
+SELECT pg_catalog.pg_extension_config_dump('gemma_job_errors', '');
+
+CREATE FUNCTION gemma_job_check_options(options jsonb, system text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'gemma_job_check_options'
+LANGUAGE C VOLATILE;
+
+/* Start the job's workers when the calling transaction commits. */
+CREATE FUNCTION gemma_job_launch(job bigint)
+RETURNS void
+AS 'MODULE_PATHNAME', 'gemma_job_launch'
+LANGUAGE C VOLATILE STRICT;
+
+/*
+ * The "keep up to date" trigger: queues the key of each row inserted, or
+ * updated in another column than the target.  It evaluates no expression of
+ * the job (that would run the job's SQL as whoever changes the table); the
+ * job's worker, running as the job's owner, reads the row.  SECURITY DEFINER
+ * so that any role that may change the table may queue the row; it queues
+ * only for a job defined on the very table that fired it.
+ */
+CREATE FUNCTION gemma_job_enqueue()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+	k text;
+BEGIN
+	IF NOT EXISTS (SELECT FROM gemma_job j WHERE j.id = TG_ARGV[0]::bigint
+				   AND j.relid = TG_RELID AND j.key_column = TG_ARGV[1]
+				   AND j.state NOT IN ('cancelled', 'done')) THEN
+		RETURN NULL;
+	END IF;
+	EXECUTE format('SELECT ($1).%I::text', TG_ARGV[1]) USING NEW INTO k;
+	IF k IS NULL THEN
+		RETURN NULL;
+	END IF;
+	INSERT INTO gemma_job_queue (job_id, key) VALUES (TG_ARGV[0]::bigint, k)
+		ON CONFLICT DO NOTHING;
+	RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION gemma_job_enqueue() FROM PUBLIC;
+
+/*
+ * No SET search_path: the job's expressions are checked, and later run by its
+ * workers, with the caller's search_path (stored with the job); the
+ * extension's own objects are named with its schema.
+ */
+CREATE FUNCTION gemma_job_create(relation regclass,
+								 target name,
+								 prompt text,
+								 condition text DEFAULT NULL,
+								 system text DEFAULT NULL,
+								 options jsonb DEFAULT '{}',
+								 key name DEFAULT NULL,
+								 follow boolean DEFAULT false,
+								 workers int DEFAULT 1,
+								 completion boolean DEFAULT false)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+	job bigint;
+	keys name[];
+	rel text := relation::text;
+	ext text := (SELECT quote_ident(n.nspname) FROM pg_catalog.pg_extension e
+				 JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'gemma4');
+BEGIN
+	IF relation IS NULL OR target IS NULL OR prompt IS NULL THEN
+		RAISE EXCEPTION 'relation, target and prompt must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF NOT (SELECT rolcanlogin FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+		RAISE EXCEPTION 'role "%" cannot log in, so no job can run as it', current_user
+			USING ERRCODE = 'insufficient_privilege',
+				  HINT = 'A job runs as the role that creates it: create it as a role with LOGIN.';
+	END IF;
+	IF workers IS NULL OR workers NOT BETWEEN 1 AND 8 THEN
+		RAISE EXCEPTION 'workers must be between 1 and 8'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF key IS NULL THEN
+		SELECT pg_catalog.array_agg(a.attname) INTO keys
+		  FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a
+			ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+		 WHERE i.indrelid = relation AND i.indisprimary;
+		IF keys IS NULL OR pg_catalog.cardinality(keys) <> 1 THEN
+			RAISE EXCEPTION 'table % has no single-column primary key', rel
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass key => the name of a unique, not null column.';
+		END IF;
+		key := keys[1];
+	END IF;
+	IF completion AND system IS NOT NULL THEN
+		RAISE EXCEPTION 'a completion job has no system message'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Put the instruction into the prompt, or pass completion => false.';
+	END IF;
+	IF key = target THEN
+		RAISE EXCEPTION 'the key column cannot be the target column'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	EXECUTE format('SELECT %s.gemma_job_check_options($1, $2)', ext) USING options, system;
+	-- as the caller, whom the job will run as: the columns exist, the
+	-- expressions parse, and the caller may read and update what they use
+	EXECUTE format('SELECT %I::text, (%s)::text FROM %s WHERE (%s) AND false',
+				   key, prompt, rel, coalesce(condition, 'true'));
+	EXECUTE format('UPDATE %s SET %I = NULL::text WHERE false', rel, target);
+
+	EXECUTE format('INSERT INTO %s.gemma_job (owner, relid, key_column, target_column, prompt, condition, '
+				   'system, options, completion, follow, workers, search_path) '
+				   'VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id', ext)
+	   INTO job
+	  USING current_user::regrole, relation, key, target, prompt, condition, system,
+			coalesce(options, '{}'), coalesce(completion, false), coalesce(follow, false), workers,
+			pg_catalog.current_setting('search_path');
+	EXECUTE format('INSERT INTO %s.gemma_job_queue (job_id, key) SELECT $1, %I::text FROM %s WHERE %s',
+				   ext, key, rel, coalesce(condition, 'true')) USING job;
+	IF follow THEN
+		EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s.gemma_job_enqueue(%L, %L)',
+					   'gemma_job_' || job || '_insert', rel, ext, job, key);
+		-- the job's own answers change only the target: they queue nothing
+		EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s FOR EACH ROW '
+					   'WHEN ((to_jsonb(OLD) - %L) IS DISTINCT FROM (to_jsonb(NEW) - %L)) '
+					   'EXECUTE FUNCTION %s.gemma_job_enqueue(%L, %L)',
+					   'gemma_job_' || job || '_update', rel, target, target, ext, job, key);
+	END IF;
+	EXECUTE format('SELECT %s.gemma_job_launch($1)', ext) USING job;
+	RETURN job;
+END
+$$;
+
+COMMENT ON FUNCTION gemma_job_create(regclass, name, text, text, text, jsonb, name, boolean, int, boolean) IS
+'start a background job that sets target to the answer to prompt (an expression over the table''s columns) for the rows matching condition';
+
+/* The job as the caller may see it; raises an error when it may not. */
+CREATE FUNCTION gemma_job_get(job bigint)
+RETURNS gemma_job
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+	j gemma_job;
+BEGIN
+	SELECT * INTO j FROM gemma_job WHERE id = job FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'gemma job % does not exist', job
+			USING ERRCODE = 'undefined_object',
+				  HINT = 'SELECT * FROM gemma_jobs lists the jobs you may see.';
+	END IF;
+	RETURN j;
+END
+$$;
+
+CREATE FUNCTION gemma_job_pause(job bigint)
+RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+	j gemma_job := gemma_job_get(job);
+BEGIN
+	IF j.state <> 'running' THEN
+		RAISE EXCEPTION 'gemma job % is %, not running', job, j.state
+			USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+	UPDATE gemma_job SET state = 'paused' WHERE id = job;
+END
+$$;
+
+CREATE FUNCTION gemma_job_resume(job bigint)
+RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+	j gemma_job := gemma_job_get(job);
+BEGIN
+	-- a running job: start workers that are missing (one that runs already
+	-- holds its number's lock, and the new one exits)
+	IF j.state NOT IN ('paused', 'failed', 'running') THEN
+		RAISE EXCEPTION 'gemma job % is %, not paused or failed', job, j.state
+			USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+	UPDATE gemma_job SET state = 'running', finished_at = NULL WHERE id = job;
+	PERFORM gemma_job_launch(job);
+END
+$$;
+
+CREATE FUNCTION gemma_job_cancel(job bigint)
+RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+	j gemma_job := gemma_job_get(job);
+BEGIN
+	IF j.state IN ('cancelled', 'done') THEN
+		RAISE EXCEPTION 'gemma job % is already %', job, j.state
+			USING ERRCODE = 'object_not_in_prerequisite_state';
+	END IF;
+	UPDATE gemma_job SET state = 'cancelled', finished_at = now() WHERE id = job;
+	DELETE FROM gemma_job_queue WHERE job_id = job;
+	-- only the table's owner may drop triggers; left behind, they queue
+	-- nothing for a cancelled job
+	IF j.follow THEN
+		BEGIN
+			EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'gemma_job_' || job || '_insert', j.relid::regclass);
+			EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'gemma_job_' || job || '_update', j.relid::regclass);
+		EXCEPTION WHEN insufficient_privilege THEN
+			NULL;
+		END;
+	END IF;
+END
+$$;
+
+/*
+ * Progress, like pg_stat_progress_*: one snapshot, so at every read
+ * rows_total = rows_done + rows_failed + rows_pending.  A "keep up to date"
+ * job counts each answer it writes, so a row answered again after a change
+ * counts again.  tokens_per_second and the ETA are over the time since the
+ * job started.
+ */
+CREATE VIEW gemma_jobs WITH (security_invoker = true) AS
+SELECT j.id AS job,
+	   j.owner::regrole AS owner,
+	   j.relid::regclass AS relation,
+	   j.target_column AS target,
+	   j.state,
+	   j.follow,
+	   j.rows_done + j.rows_failed + q.pending AS rows_total,
+	   j.rows_done,
+	   j.rows_failed,
+	   q.pending AS rows_pending,
+	   q.in_progress AS rows_in_progress,
+	   j.tokens_in,
+	   j.tokens_out,
+	   round((j.tokens_out / greatest(t.seconds, 0.001))::numeric, 1) AS tokens_per_second,
+	   j.started_at,
+	   j.finished_at,
+	   CASE WHEN j.state = 'running' AND j.rows_done > 0
+			THEN now() + make_interval(secs => t.seconds * q.pending / j.rows_done) END AS eta,
+	   j.last_error
+  FROM gemma_job j
+ CROSS JOIN LATERAL (SELECT count(*) AS pending, count(claimed_by) AS in_progress
+					   FROM gemma_job_queue WHERE job_id = j.id) q
+ CROSS JOIN LATERAL (SELECT extract(epoch FROM coalesce(j.finished_at, now()) - j.started_at)::float8
+							AS seconds) t;
+GRANT SELECT ON gemma_jobs TO PUBLIC;

@@ -33,6 +33,30 @@ UPDATE documents d SET topic = trim(b.answer)
  WHERE d.id = b.id;
 SELECT id, left(body, 50) AS body, topic FROM documents ORDER BY id;
 
+\echo '== a table job: fills documents.summary in the background, resumable, with progress'
+ALTER TABLE documents ADD COLUMN summary text;
+SELECT gemma_job_create('documents', 'summary', $$'Summarize in one sentence: ' || body$$,
+                        condition => 'summary IS NULL',
+                        options => '{"max_tokens": 24, "stop": ["\n"]}') AS job \gset
+SELECT gemma_job_pause(:job);
+SELECT job, relation, target, state, rows_total, rows_done, rows_pending FROM gemma_jobs WHERE job = :job;
+SELECT gemma_job_resume(:job);
+-- watch it (in psql: SELECT * FROM gemma_jobs \watch 1); here, wait for the end
+DO $$
+BEGIN
+  WHILE (SELECT state FROM gemma_jobs ORDER BY job DESC LIMIT 1) = 'running' LOOP
+    PERFORM pg_sleep(0.2);
+  END LOOP;
+END $$;
+SELECT job, state, rows_total, rows_done, rows_failed, rows_pending, tokens_in, tokens_out,
+       tokens_per_second, finished_at - started_at AS took, last_error
+  FROM gemma_jobs WHERE job = :job;
+SELECT id, left(summary, 70) AS summary FROM documents ORDER BY id;
+-- keep the column up to date: rows inserted or changed later are answered too
+SELECT gemma_job_create('documents', 'summary', $$'Summarize in one sentence: ' || body$$,
+                        options => '{"max_tokens": 24, "stop": ["\n"]}', follow => true) AS follow_job \gset
+SELECT gemma_job_cancel(:follow_job);
+
 \echo '== the admin views'
 SELECT kv_group, kv_cache_dtype, layers, blocks_total, blocks_used, pg_size_pretty(bytes) AS size,
        sequences_live, full_window_fits FROM gemma_kv_pool;

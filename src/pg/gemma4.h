@@ -33,11 +33,13 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "lib/stringinfo.h"
 #include "port/atomics.h"
 #include "storage/dsm.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
 #include "storage/shm_mq.h"
+#include "utils/jsonb.h"
 
 /* ---- GUCs (module.c) ---------------------------------------------------- */
 
@@ -108,6 +110,7 @@ typedef struct G4WireError
 #define G4_ERR_PG_NOT_READY		(-100)	/* engine not ready */
 #define G4_ERR_PG_ENGINE_DIED	(-101)	/* engine process died */
 #define G4_ERR_PG_SHUTDOWN		(-102)	/* supervisor is stopping */
+#define G4_ERR_PG_TIMEOUT		(-103)	/* gemma4.request_timeout passed */
 
 typedef struct G4WireText
 {
@@ -368,11 +371,26 @@ typedef struct G4Request
 	TimestampTz deadline;		/* gemma4.request_timeout, 0 = none */
 	int			timeout_ms;
 	bool		answered;		/* the supervisor wrote the outcome and let go */
+	bool		lost_seen;		/* its slot was seen freed once already */
+	G4WireError failure;		/* why it failed (G4_POLL_FAILED) */
+	const char *failure_hint;	/* NULL: the hint for failure.code */
 } G4Request;
 
+typedef enum G4PollResult
+{
+	G4_POLL_NOTHING = 0,		/* nothing new yet */
+	G4_POLL_MESSAGE,			/* a reply message */
+	G4_POLL_DONE,				/* ended well, outcome in hdr */
+	G4_POLL_FAILED				/* ended with r->failure */
+} G4PollResult;
+
 extern G4Request *g4_request_start(G4WireRequest *req, const char *items, Size items_len);
+extern G4PollResult g4_request_poll(G4Request *r, char *kind, const char **data, Size *len);
+extern long g4_request_wait_ms(G4Request *r);
+extern void g4_request_raise(G4Request *r) pg_attribute_noreturn();
 extern bool g4_request_next(G4Request *r, char *kind, const char **data, Size *len);
 extern void g4_request_finish(G4Request *r);
+extern int	g4_sqlstate_for(int code);
 
 /* ---- supervisor and engine process -------------------------------------- */
 
@@ -398,5 +416,16 @@ typedef struct G4EngineConfig
 
 extern PGDLLEXPORT void gemma4_supervisor_main(Datum arg);
 extern void g4_engine_proc_main(int sock, const G4EngineConfig *cfg) pg_attribute_noreturn();
+
+/* ---- table jobs (job.c, job_worker.c, generate.c) ---------------------- */
+
+/* A job's request for one row (chat, or raw completion). */
+extern void g4_build_job_request(G4WireRequest *req, StringInfo items, bool completion,
+								 const char *system, const char *prompt, Jsonb *options,
+								 int window);
+/* An answer's UTF-8 bytes as text in the database encoding. */
+extern text *g4_answer_text(const char *utf8, Size len);
+/* Start the job launcher (the supervisor does, each time it starts). */
+extern void g4_jobs_start_launcher(void);
 
 #endif							/* GEMMA4_H */

@@ -884,3 +884,38 @@ gemma_chat(PG_FUNCTION_ARGS)
 					 prompt_tokens + completion_tokens);
 	PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data)));
 }
+
+/* ---- table jobs --------------------------------------------------------- */
+
+/*
+ * A table job's request for one row: the row's prompt as a chat message
+ * after the job's system message, or as a raw completion (completion, no
+ * system message), with the job's options (gemma_chat's keys), checked as
+ * gemma_chat checks them.
+ */
+void
+g4_build_job_request(G4WireRequest *req, StringInfo items, bool completion, const char *system,
+					 const char *prompt, Jsonb *options, int window)
+{
+	G4Build		b;
+
+	build_init(&b, completion ? G4_KIND_TEXT : G4_KIND_CHAT);
+	if (system)
+		add_text_item(&b, G4_ITEM_SYSTEM, system);
+	add_text_item(&b, completion ? G4_ITEM_PROMPT : G4_ITEM_USER, prompt);
+	if (options)
+		parse_options(&b, options);
+	build_finish(&b, window);
+	*req = b.req;
+	*items = b.items;
+}
+
+/* An answer's UTF-8 bytes as text in the database encoding. */
+text *
+g4_answer_text(const char *utf8, Size len)
+{
+	Size		slen;
+	char	   *s = to_server(utf8, len, &slen);
+
+	return cstring_to_text_with_len(s, (int) slen);
+}

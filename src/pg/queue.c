@@ -39,8 +39,8 @@
 static void g4_request_detached(dsm_segment *seg, Datum arg);
 static void g4_request_context_reset(void *arg);
 static void g4_slot_give_up(int slot, uint64 request_id, bool answered);
-static int	g4_sqlstate_for(int code);
-static void g4_raise_request_error(const G4WireError *e) pg_attribute_noreturn();
+static G4PollResult request_failed(G4Request *r, int code, const char *msg, const char *hint);
+static void g4_raise_request_error(const G4WireError *e, const char *hint) pg_attribute_noreturn();
 
 /*
  * Create the request's segment, publish it in a slot and wake the
@@ -155,26 +155,25 @@ g4_request_start(G4WireRequest *wreq, const char *items, Size items_len)
 }
 
 /*
- * Wait for the next reply message.  Returns true with its kind and bytes
- * (valid until the next call); returns false once the request has ended
- * well, with the outcome in r->hdr.  Raises the request's error, and
- * errors for a timeout or a supervisor that went away.  Interruptible.
+ * Look at a request once, without waiting: the next reply message (its kind
+ * and bytes, valid until the next call), the end of the request (the outcome
+ * is in r->hdr), or nothing yet.  A failure (the request's own error, a
+ * timeout, a supervisor that went away) is returned as G4_POLL_FAILED with
+ * r->failure filled in; g4_request_raise turns it into an ERROR.  This is
+ * the whole of the backend's side of a request, so one process can keep many
+ * requests in flight (a table job's worker) and wait for any of them.
  */
-bool
-g4_request_next(G4Request *r, char *kind, const char **data, Size *len)
+G4PollResult
+g4_request_poll(G4Request *r, char *kind, const char **data, Size *len)
 {
-	bool		lost_seen = false;
-
 	for (;;)
 	{
 		shm_mq_result res;
 		Size		nbytes;
 		void	   *p;
-		long		wait_ms = G4_LIVENESS_CHECK_MS;
 		uint32		generation;
 		bool		lost;
 
-		CHECK_FOR_INTERRUPTS();
 		if (r->seg == NULL)
 			elog(ERROR, "gemma4 request %llu is no longer attached",
 				 (unsigned long long) r->request_id);
@@ -187,7 +186,7 @@ g4_request_next(G4Request *r, char *kind, const char **data, Size *len)
 			*kind = ((const char *) p)[0];
 			*data = (const char *) p + 1;
 			*len = nbytes - 1;
-			return true;
+			return G4_POLL_MESSAGE;
 		}
 		if (res == SHM_MQ_DETACHED)
 		{
@@ -195,13 +194,12 @@ g4_request_next(G4Request *r, char *kind, const char **data, Size *len)
 			pg_read_barrier();
 			r->answered = r->hdr->result == G4_RESULT_OK || r->hdr->result == G4_RESULT_ERROR;
 			if (r->hdr->result == G4_RESULT_OK)
-				return false;
+				return G4_POLL_DONE;
 			if (r->hdr->result == G4_RESULT_ERROR)
-				g4_raise_request_error(&r->hdr->error);
-			ereport(ERROR,
-					(errcode(ERRCODE_SYSTEM_ERROR),
-					 errmsg("the gemma4 worker exited while this request was running"),
-					 errhint("The worker restarts automatically; see the server log.")));
+				return request_failed(r, r->hdr->error.code, r->hdr->error.msg, NULL);
+			return request_failed(r, G4_ERR_PG_ENGINE_DIED,
+								  "the gemma4 worker exited while this request was running",
+								  "The worker restarts automatically; see the server log.");
 		}
 
 		/*
@@ -216,40 +214,96 @@ g4_request_next(G4Request *r, char *kind, const char **data, Size *len)
 		lost = g4_shared->slots[r->slot].request_id != r->request_id;
 		LWLockRelease(g4_shared->lock);
 		if (generation != r->supervisor_generation)
-			ereport(ERROR,
-					(errcode(ERRCODE_SYSTEM_ERROR),
-					 errmsg("the gemma4 worker restarted while this request was running"),
-					 errhint("Retry when SELECT gemma_wait_ready() returns true.")));
-		if (lost && lost_seen)
-			ereport(ERROR,
-					(errcode(ERRCODE_INTERNAL_ERROR),
-					 errmsg("the gemma4 worker dropped this request without an answer"),
-					 errhint("See the server log.")));
+			return request_failed(r, G4_ERR_PG_ENGINE_DIED,
+								  "the gemma4 worker restarted while this request was running",
+								  "Retry when SELECT gemma_wait_ready() returns true.");
+		if (lost && r->lost_seen)
+			return request_failed(r, G4_ERR_INTERNAL,
+								  "the gemma4 worker dropped this request without an answer",
+								  "See the server log.");
 		if (lost)
 		{
 			/* receive once more: data or the outcome may have arrived */
-			lost_seen = true;
+			r->lost_seen = true;
 			continue;
 		}
-
-		if (r->deadline != 0)
+		if (r->deadline != 0 && GetCurrentTimestamp() >= r->deadline)
 		{
-			long		secs;
-			int			usecs;
+			char		msg[64];
 
-			if (GetCurrentTimestamp() >= r->deadline)
-				ereport(ERROR,
-						(errcode(ERRCODE_QUERY_CANCELED),
-						 errmsg("gemma4 request timed out after %d ms", r->timeout_ms),
-						 errhint("Raise gemma4.request_timeout, or lower max_tokens.")));
-			TimestampDifference(GetCurrentTimestamp(), r->deadline, &secs, &usecs);
-			wait_ms = Min(wait_ms, secs * 1000 + usecs / 1000 + 1);
+			snprintf(msg, sizeof(msg), "gemma4 request timed out after %d ms", r->timeout_ms);
+			return request_failed(r, G4_ERR_PG_TIMEOUT, msg,
+								  "Raise gemma4.request_timeout, or lower max_tokens.");
 		}
+		return G4_POLL_NOTHING;
+	}
+}
 
+/*
+ * How long a process waiting on this request may sleep on its latch before
+ * polling it again: until the next liveness check or its deadline.
+ */
+long
+g4_request_wait_ms(G4Request *r)
+{
+	long		wait_ms = G4_LIVENESS_CHECK_MS;
+
+	if (r->deadline != 0)
+	{
+		long		secs;
+		int			usecs;
+
+		TimestampDifference(GetCurrentTimestamp(), r->deadline, &secs, &usecs);
+		wait_ms = Min(wait_ms, secs * 1000 + usecs / 1000 + 1);
+	}
+	return wait_ms;
+}
+
+/*
+ * Wait for the next reply message.  Returns true with its kind and bytes
+ * (valid until the next call); returns false once the request has ended
+ * well, with the outcome in r->hdr.  Raises the request's error, and
+ * errors for a timeout or a supervisor that went away.  Interruptible.
+ */
+bool
+g4_request_next(G4Request *r, char *kind, const char **data, Size *len)
+{
+	for (;;)
+	{
+		CHECK_FOR_INTERRUPTS();
+		switch (g4_request_poll(r, kind, data, len))
+		{
+			case G4_POLL_MESSAGE:
+				return true;
+			case G4_POLL_DONE:
+				return false;
+			case G4_POLL_FAILED:
+				g4_request_raise(r);
+			case G4_POLL_NOTHING:
+				break;
+		}
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 wait_ms, PG_WAIT_EXTENSION);
+						 g4_request_wait_ms(r), PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 	}
+}
+
+/* Record why a request failed; see g4_request_poll. */
+static G4PollResult
+request_failed(G4Request *r, int code, const char *msg, const char *hint)
+{
+	r->failure.request_id = r->request_id;
+	r->failure.code = code;
+	strlcpy(r->failure.msg, msg, sizeof(r->failure.msg));
+	r->failure_hint = hint;
+	return G4_POLL_FAILED;
+}
+
+/* Raise the failure g4_request_poll reported. */
+void
+g4_request_raise(G4Request *r)
+{
+	g4_raise_request_error(&r->failure, r->failure_hint);
 }
 
 /* Detach from a request that has ended (the outcome was read already). */
@@ -320,7 +374,7 @@ g4_slot_give_up(int slot, uint64 request_id, bool answered)
 }
 
 /* The SQLSTATE for an engine (or supervisor) error code. */
-static int
+int
 g4_sqlstate_for(int code)
 {
 	switch (code)
@@ -349,13 +403,18 @@ g4_sqlstate_for(int code)
 			return ERRCODE_SYSTEM_ERROR;
 		case G4_ERR_PG_SHUTDOWN:
 			return ERRCODE_ADMIN_SHUTDOWN;
+		case G4_ERR_PG_TIMEOUT:
+			return ERRCODE_QUERY_CANCELED;
 	}
 	return ERRCODE_INTERNAL_ERROR;
 }
 
-/* Raise a request's error with its SQLSTATE and a hint on what to do. */
+/*
+ * Raise a request's error with its SQLSTATE and a hint on what to do (the
+ * given one, else the one for its code).
+ */
 static void
-g4_raise_request_error(const G4WireError *e)
+g4_raise_request_error(const G4WireError *e, const char *given_hint)
 {
 	const char *hint = NULL;
 
@@ -377,6 +436,8 @@ g4_raise_request_error(const G4WireError *e)
 			hint = "See the server log.";
 			break;
 	}
+	if (given_hint)
+		hint = given_hint;
 	ereport(ERROR,
 			(errcode(g4_sqlstate_for(e->code)),
 			 errmsg("%s", e->msg),

@@ -168,6 +168,8 @@ gemma4_supervisor_main(Datum arg)
 
 	build_wait_set();
 	start_engine();
+	/* table jobs left running resume (job.c) */
+	g4_jobs_start_launcher();
 
 	while (!ShutdownRequestPending)
 	{

@@ -5,6 +5,7 @@
 #   1. pg_regress: test/sql/*.sql against expected/*.out
 #   2. concurrency (test/pg/t/001_concurrency.pl, TAP)
 #   3. faults and worker lifecycle (test/pg/t/002_faults.pl, TAP)
+#   4. table jobs (test/pg/t/003_jobs.pl, TAP)
 #
 # Builds nothing: run `make install` first (as root if PostgreSQL's
 # directories need it), then this script as an unprivileged user, e.g.

@@ -1,0 +1,31 @@
+/*-------------------------------------------------------------------------
+ *
+ * job.h
+ *	  Declarations shared by the table job files (job.c, job_worker.c).
+ *
+ * IDENTIFICATION
+ *	  src/pg/job.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef GEMMA4_JOB_H
+#define GEMMA4_JOB_H
+
+#include "postgres.h"
+
+/* What a job worker is told besides its job id (bgw_main_arg). */
+typedef struct G4JobWorkerArgs
+{
+	Oid			database;
+	Oid			owner;			/* the worker connects as this role */
+	int			index;			/* 0 .. workers - 1 */
+} G4JobWorkerArgs;
+
+/* The extension's table name, schema-qualified and quoted for SQL. */
+extern char *g4_job_table(const char *name);
+
+extern PGDLLEXPORT void gemma4_job_launcher_main(Datum arg);
+extern PGDLLEXPORT void gemma4_job_starter_main(Datum arg);
+extern PGDLLEXPORT void gemma4_job_worker_main(Datum arg);
+
+#endif							/* GEMMA4_JOB_H */

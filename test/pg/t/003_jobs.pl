@@ -1,0 +1,302 @@
+# 003_jobs.pl — table jobs (gemma_job_create and friends).
+#
+#   - a job over 300 rows gives each row what gemma_generate gives it, the
+#     progress view is consistent at every poll, the engine answers each row
+#     exactly once, the worker is recognisable in pg_stat_activity;
+#   - a row whose write fails goes to gemma_job_errors and the job goes on;
+#   - pause, resume, cancel;
+#   - faults mid-job (kill -9 of the job worker, of the engine process,
+#     pg_ctl restart -m immediate): the job completes, every row is written
+#     exactly once, none is left;
+#   - "keep up to date": rows changed during the job, and rows inserted
+#     later, end with the answer to their current prompt, never a stale one;
+#   - privileges: a job cannot read what its creator cannot, another role
+#     neither sees nor cancels it, a member of the creator's role does.
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin";
+use G4Test;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $ROWS = 300;
+my $GEN = "'{\"max_tokens\": 6}'";
+
+my $node = G4Test::new_node("jobs", "max_worker_processes = 16\nrestart_after_crash = on\n");
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION gemma4');
+is($node->safe_psql('postgres', 'SELECT gemma_wait_ready(60000)'), 't', 'the model is ready');
+
+# A documents table, the answers gemma_generate gives row by row, and a log
+# of every write of the target column.
+$node->safe_psql(
+	'postgres', qq{
+CREATE TABLE docs (id int PRIMARY KEY, body text NOT NULL, summary text);
+INSERT INTO docs SELECT i, 'document ' || i || ' about ' || (ARRAY['cats','dogs','rain','tea'])[1 + i % 4]
+  FROM generate_series(1, $ROWS) i;
+CREATE TABLE expected AS
+  SELECT id, gemma_generate('Summarize: ' || body, max_tokens => 6) AS summary FROM docs;
+CREATE TABLE writes (tbl text, id int);
+CREATE FUNCTION log_write() RETURNS trigger LANGUAGE plpgsql AS \$\$
+BEGIN
+  INSERT INTO writes VALUES (TG_TABLE_NAME, NEW.id);
+  RETURN NULL;
+END \$\$;
+CREATE TRIGGER log_write AFTER UPDATE OF summary ON docs
+  FOR EACH ROW WHEN (NEW.summary IS DISTINCT FROM OLD.summary) EXECUTE FUNCTION log_write();
+});
+
+# Poll the job until it is done; check the progress figures at each poll.
+sub wait_job
+{
+	my ($job, $what, $total) = @_;
+	my $bad = 0;
+	my $last_done = 0;
+	my $polls = 0;
+
+	for (my $i = 0; $i < 1800; $i++)
+	{
+		my $row = $node->safe_psql('postgres',
+			"SELECT state, rows_total, rows_done, rows_failed, rows_pending FROM gemma_jobs WHERE job = $job");
+		my ($state, $t, $d, $f, $p) = split /\|/, $row;
+		$polls++;
+		# across a restart the counters restart from what was committed
+		$bad++ if $t != $d + $f + $p || (defined $total && $t != $total);
+		$last_done = $d;
+		return ($state, $bad, $polls) if $state ne 'running';
+		select(undef, undef, undef, 0.1);
+	}
+	return ('timeout', $bad, $polls);
+}
+
+sub finished_requests
+{
+	return $node->safe_psql('postgres', 'SELECT requests FROM gemma_stats');
+}
+
+sub check_filled
+{
+	my ($what) = @_;
+	is( $node->safe_psql('postgres',
+			'SELECT count(*) FROM docs d JOIN expected e USING (id) WHERE d.summary IS NOT DISTINCT FROM e.summary'),
+		$ROWS,
+		"$what: every row holds what gemma_generate gives it");
+	is($node->safe_psql('postgres', "SELECT count(*) FROM writes WHERE tbl = 'docs'"),
+		$ROWS, "$what: $ROWS writes");
+	is($node->safe_psql('postgres', "SELECT count(DISTINCT id) FROM writes WHERE tbl = 'docs'"),
+		$ROWS, "$what: each row written exactly once");
+}
+
+sub reset_docs
+{
+	$node->safe_psql('postgres', 'ALTER TABLE docs DISABLE TRIGGER log_write; UPDATE docs SET summary = NULL;'
+		  . 'ALTER TABLE docs ENABLE TRIGGER log_write; TRUNCATE writes');
+}
+
+sub job_worker_pid
+{
+	my ($job) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'gemma4 job worker' AND application_name = 'gemma4 job $job'"
+	);
+}
+
+sub start_job
+{
+	my ($workers) = @_;
+	$workers //= 1;
+	return $node->safe_psql('postgres',
+		"SELECT gemma_job_create('docs', 'summary', \$\$'Summarize: ' || body\$\$, options => $GEN, workers => $workers)"
+	);
+}
+
+# ---- a job equals gemma_generate row by row ---------------------------------
+{
+	my $before = finished_requests();
+	my $job = start_job();
+	ok($node->poll_query_until('postgres',
+			"SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'gemma4 job worker' AND application_name = 'gemma4 job $job'"
+		),
+		'the job worker shows in pg_stat_activity');
+	my ($state, $bad, $polls) = wait_job($job, 'plain', $ROWS);
+	is($state, 'done', 'the job is done');
+	is($bad, 0, "progress was consistent at each of $polls polls");
+	check_filled('plain job');
+	is(finished_requests() - $before, $ROWS, 'the engine was asked for each row exactly once');
+	is( $node->safe_psql('postgres',
+			"SELECT rows_total, rows_done, rows_failed, rows_pending, tokens_in > 0, tokens_out > 0 FROM gemma_jobs WHERE job = $job"
+		),
+		"$ROWS|$ROWS|0|0|t|t",
+		'the final progress figures');
+	ok($node->poll_query_until('postgres',
+			"SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'gemma4 job worker'"),
+		'the worker exits when the job is done');
+}
+
+# ---- a row that cannot be written fails alone -------------------------------
+{
+	$node->safe_psql('postgres', 'CREATE TABLE small (id int PRIMARY KEY, body text, summary text CHECK (id <> 7 OR summary IS NULL));'
+		  . "INSERT INTO small SELECT i, 'note ' || i FROM generate_series(1, 20) i");
+	my $job = $node->safe_psql('postgres',
+		"SELECT gemma_job_create('small', 'summary', 'body', options => $GEN)");
+	my ($state) = wait_job($job, 'errors');
+	is($state, 'done', 'errors: the job goes on to the end');
+	is($node->safe_psql('postgres', "SELECT rows_done, rows_failed FROM gemma_jobs WHERE job = $job"),
+		'19|1', 'errors: 19 rows done, 1 failed');
+	is($node->safe_psql('postgres', "SELECT row_key, sqlstate FROM gemma_job_errors WHERE job_id = $job"),
+		'7|23514', 'errors: the row, with its SQLSTATE');
+	like($node->safe_psql('postgres', "SELECT last_error FROM gemma_jobs WHERE job = $job"),
+		qr/row 7: .*check constraint/, 'errors: the last error in the progress view');
+}
+
+# ---- pause, resume, cancel -------------------------------------------------
+{
+	reset_docs();
+	my $job = start_job();
+	$node->poll_query_until('postgres', "SELECT rows_done > 20 FROM gemma_jobs WHERE job = $job");
+	$node->safe_psql('postgres', "SELECT gemma_job_pause($job)");
+	ok($node->poll_query_until('postgres',
+			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+		'pause: the worker stops');
+	my $done = $node->safe_psql('postgres', "SELECT rows_done FROM gemma_jobs WHERE job = $job");
+	sleep 1;
+	is($node->safe_psql('postgres', "SELECT state, rows_done, rows_in_progress FROM gemma_jobs WHERE job = $job"),
+		"paused|$done|0", 'pause: nothing moves, nothing is claimed');
+	$node->safe_psql('postgres', "SELECT gemma_job_resume($job)");
+	$node->poll_query_until('postgres', "SELECT rows_done > $done + 20 FROM gemma_jobs WHERE job = $job");
+	# a worker terminated by hand: resuming the running job starts it again
+	$node->safe_psql('postgres', 'SELECT pg_terminate_backend(' . job_worker_pid($job) . ')');
+	ok($node->poll_query_until('postgres',
+			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+		'terminate: the worker is gone');
+	is($node->safe_psql('postgres', "SELECT state FROM gemma_jobs WHERE job = $job"),
+		'running', 'terminate: the job is still running');
+	$node->safe_psql('postgres', "SELECT gemma_job_resume($job)");
+	my ($state) = wait_job($job, 'resume', $ROWS);
+	is($state, 'done', 'resume: the job completes');
+	check_filled('pause and resume');
+
+	reset_docs();
+	$job = start_job();
+	$node->poll_query_until('postgres', "SELECT rows_done > 20 FROM gemma_jobs WHERE job = $job");
+	$node->safe_psql('postgres', "SELECT gemma_job_cancel($job)");
+	ok($node->poll_query_until('postgres',
+			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+		'cancel: the worker stops');
+	is($node->safe_psql('postgres', "SELECT state, rows_pending FROM gemma_jobs WHERE job = $job"),
+		'cancelled|0', 'cancel: nothing left queued');
+	my ($ret, $out, $err) = $node->psql('postgres', "SELECT gemma_job_resume($job)");
+	like($err, qr/is cancelled, not paused or failed/, 'cancel: a cancelled job cannot resume');
+}
+
+# ---- faults mid-job ---------------------------------------------------------
+sub fault
+{
+	my ($what, $action, $workers) = @_;
+	reset_docs();
+	my $job = start_job($workers);
+	$node->poll_query_until('postgres', "SELECT rows_done > 60 FROM gemma_jobs WHERE job = $job");
+	$action->($job);
+	my ($state) = wait_job($job, $what);
+	is($state, 'done', "$what: the job completes");
+	is($node->safe_psql('postgres', "SELECT rows_total, rows_done, rows_pending FROM gemma_jobs WHERE job = $job"),
+		"$ROWS|$ROWS|0", "$what: every row done, none left");
+	check_filled($what);
+}
+
+fault('kill -9 of the job worker', sub {
+	my ($job) = @_;
+	my $pid = job_worker_pid($job);
+	ok($pid > 0, 'kill -9 of the job worker: it runs');
+	kill 'KILL', $pid;
+	# the postmaster resets the cluster; the supervisor's launcher resumes the job
+	$node->poll_query_until('postgres', 'SELECT gemma_wait_ready(60000)');
+});
+
+fault('kill -9 of the engine process', sub {
+	my ($job) = @_;
+	my $restarts = $node->safe_psql('postgres', 'SELECT engine_restarts FROM gemma_stats');
+	kill 'KILL', $node->safe_psql('postgres', 'SELECT engine_pid FROM gemma_stats');
+	ok($node->poll_query_until('postgres', "SELECT engine_restarts > $restarts FROM gemma_stats"),
+		'kill -9 of the engine process: the engine restarts');
+});
+
+# with two workers sharing the queue
+fault('restart -m immediate', sub {
+	my ($job) = @_;
+	is($node->safe_psql('postgres',
+			"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+		'2', 'restart -m immediate: the job has two workers');
+	$node->stop('immediate');
+	$node->start;
+	$node->safe_psql('postgres', 'SELECT gemma_wait_ready(60000)');
+}, 2);
+
+# ---- keep up to date: changed and new rows, never a stale answer -----------
+{
+	reset_docs();
+	my $job = $node->safe_psql('postgres',
+		"SELECT gemma_job_create('docs', 'summary', \$\$'Summarize: ' || body\$\$, options => $GEN, follow => true)");
+	# change rows while the job runs, some of them while they are generated
+	my $changed_in_flight = 0;
+	for my $round (1 .. 10)
+	{
+		$changed_in_flight += $node->safe_psql('postgres',
+			"WITH c AS (SELECT key::int AS id FROM gemma_job_queue WHERE job_id = $job AND claimed_by IS NOT NULL LIMIT 3), "
+			  . "u AS (UPDATE docs SET body = body || ' v$round' WHERE id % 25 = $round % 25 OR id IN (SELECT id FROM c) RETURNING id) "
+			  . "SELECT count(*) FROM u WHERE id IN (SELECT id FROM c)");
+		select(undef, undef, undef, 0.2);
+	}
+	cmp_ok($changed_in_flight, '>', 0, "follow: $changed_in_flight rows changed while they were generated");
+	$node->safe_psql('postgres', "INSERT INTO docs VALUES (1001, 'a late document about tea')");
+	ok($node->poll_query_until('postgres',
+			"SELECT rows_pending = 0 AND state = 'running' FROM gemma_jobs WHERE job = $job"),
+		'follow: the queue drains, the job keeps running');
+	is( $node->safe_psql('postgres',
+			"SELECT count(*) FROM docs WHERE summary IS DISTINCT FROM gemma_generate('Summarize: ' || body, max_tokens => 6)"
+		),
+		0,
+		'follow: every row holds the answer to its current prompt');
+	$node->safe_psql('postgres', "SELECT gemma_job_cancel($job); DELETE FROM docs WHERE id = 1001");
+}
+
+# ---- privileges -------------------------------------------------------------
+{
+	$node->safe_psql(
+		'postgres', q{
+CREATE ROLE alice LOGIN;
+CREATE ROLE bob LOGIN;
+CREATE ROLE carol LOGIN IN ROLE alice;
+CREATE TABLE secret (id int PRIMARY KEY, body text, summary text);
+INSERT INTO secret VALUES (1, 'the password');
+CREATE TABLE shared_docs (id int PRIMARY KEY, body text, owner name, summary text);
+INSERT INTO shared_docs SELECT i, 'note ' || i, CASE WHEN i <= 5 THEN 'alice' ELSE 'bob' END, NULL
+  FROM generate_series(1, 10) i;
+GRANT SELECT, UPDATE ON shared_docs TO alice;
+ALTER TABLE shared_docs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY mine ON shared_docs USING (owner = current_user);
+});
+	my ($ret, $out, $err) = $node->psql('postgres',
+		"SET ROLE alice; SELECT gemma_job_create('secret', 'summary', 'body')");
+	like($err, qr/permission denied for table secret/, 'privileges: no job over a table its creator cannot read');
+
+	my $job = $node->safe_psql('postgres',
+		"SET ROLE alice; SELECT gemma_job_create('shared_docs', 'summary', 'body', options => $GEN)");
+	my ($state) = wait_job($job, 'rls');
+	is($state, 'done', 'privileges: the job of alice completes');
+	is($node->safe_psql('postgres', 'SELECT string_agg(id::text, \',\' ORDER BY id) FROM shared_docs WHERE summary IS NOT NULL'),
+		'1,2,3,4,5', 'privileges: row-level security applies to the job');
+	is($node->safe_psql('postgres', 'SET ROLE bob; SELECT count(*) FROM gemma_jobs'),
+		'0', 'privileges: another role sees no job');
+	($ret, $out, $err) = $node->psql('postgres', "SET ROLE bob; SELECT gemma_job_cancel($job)");
+	like($err, qr/gemma job $job does not exist/, 'privileges: another role cannot cancel it');
+	($ret, $out, $err) = $node->psql('postgres', "SET ROLE bob; UPDATE gemma_job SET state = 'cancelled'");
+	is($node->safe_psql('postgres', "SELECT state FROM gemma_jobs WHERE job = $job"),
+		'done', 'privileges: nor change it directly');
+	is($node->safe_psql('postgres', "SET ROLE carol; SELECT owner FROM gemma_jobs WHERE job = $job"),
+		'alice', 'privileges: a member of the role sees it');
+}
+
+done_testing();
