@@ -145,6 +145,20 @@ typedef enum
 	G4_INPUT_TOKENS = 2			/* token ids used verbatim */
 } g4_input_kind;
 
+/* ---- media (images and audio as raw file bytes) ---- */
+typedef enum
+{
+	G4_MEDIA_IMAGE = 0,			/* PNG, JPEG, WebP, GIF (first frame) */
+	G4_MEDIA_AUDIO = 1			/* WAV, FLAC, MP3, Ogg Vorbis */
+} g4_media_kind;
+
+typedef struct
+{
+	int			kind;			/* g4_media_kind */
+	const uint8_t *data;		/* the file's bytes */
+	size_t		len;
+} g4_media;
+
 typedef struct
 {
 	int			input_kind;		/* g4_input_kind */
@@ -160,6 +174,16 @@ typedef struct
 	const char *const *stop;	/* stop strings, may be NULL */
 	int			n_stop;
 	uint64_t	user_tag;		/* opaque, echoed in stats */
+
+	/* media: each <|image|> / <|audio|> in the prompt text (or image/audio
+	 * part of a message) takes the next item; with no placeholder at all
+	 * the items go before the text of the last user message (chat) or right
+	 * after BOS (raw text).  Each expands to begin + N soft tokens + end. */
+	const g4_media *media;		/* in prompt order, may be NULL */
+	int			n_media;
+	int			max_soft_tokens;	/* per image: 70/140/280/560/1120; 0 = engine default (280) */
+	int64_t		max_image_pixels;	/* decode limits; 0 = engine defaults */
+	double		max_audio_seconds;
 } g4_request;
 
 /* ---- events ---------------------------------------------------------- */
@@ -243,6 +267,11 @@ typedef struct
 	uint64_t	spec_drafted;
 	uint64_t	spec_accepted;
 	uint64_t	preemptions;	/* sequences evicted to free KV blocks (recomputed later) */
+	/* media */
+	uint64_t	images;			/* images decoded and embedded */
+	double		audio_seconds;	/* audio decoded and embedded */
+	double		media_decode_seconds;	/* decoding and preprocessing */
+	double		media_embed_seconds;	/* embedder forward passes */
 } g4_stats;
 
 typedef enum
@@ -264,6 +293,8 @@ typedef struct
 	double		submitted_at;	/* g4_now() clock */
 	double		first_token_at; /* 0 until the first token */
 	double		last_token_at;
+	/* media */
+	int			media_tokens;	/* image and audio soft tokens in the prompt */
 } g4_seq_info;
 
 /* ---- the engine ------------------------------------------------------ */
