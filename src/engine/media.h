@@ -49,7 +49,7 @@ typedef struct
 } g4_audio;
 
 /* One media item ready for its embedder. */
-typedef struct
+typedef struct g4_media_input
 {
 	int			kind;			/* g4_media_kind */
 	int			n_tokens;		/* soft tokens */

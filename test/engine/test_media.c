@@ -158,3 +158,151 @@ G4_TEST(media_audio_preprocessing_matches_transformers)
 	printf("    worst sample difference %.3g (%s)\n", worst, worst_file);
 	h_golden_free(&G);
 }
+
+/* ---- the fixture model with media, against transformers ---- */
+
+#define ERR_FACTOR 3.0			/* as test_model.c */
+#define ERR_FLOOR 1e-6
+
+typedef struct
+{
+	const char *name;
+	const char *text;			/* the user message; media go before it */
+	const char *files[3];
+	int			kinds[3];
+	int			n_media;
+} model_case;
+
+static const model_case model_cases[] = {
+	{"text_only", "Name three colours.", {NULL}, {0}, 0},
+	{"one_image", "What is in this picture?", {"photo_640x480.jpg"}, {G4_MEDIA_IMAGE}, 1},
+	{"two_images", "Compare them.", {"photo_640x480.jpg", "rgb_300x200.png"}, {G4_MEDIA_IMAGE, G4_MEDIA_IMAGE}, 2},
+	{"image_audio", "Describe both.", {"rgb_300x200.png", "pcm16_16k_mono.wav"}, {G4_MEDIA_IMAGE, G4_MEDIA_AUDIO}, 2},
+};
+
+/* A chat request: one user message, the case's media (no placeholders). */
+static int
+case_request(const model_case *mc, g4_message *msg, g4_media *media, char **bufs, int max_tokens, g4_request *req,
+			 g4_err *err)
+{
+	int			i;
+
+	memset(req, 0, sizeof(*req));
+	memset(msg, 0, sizeof(*msg));
+	msg->role = G4_ROLE_USER;
+	msg->content = mc->text;
+	for (i = 0; i < mc->n_media; i++)
+	{
+		size_t		len;
+		int			rc = read_media(mc->files[i], &bufs[i], &len, err);
+
+		if (rc != G4_OK)
+			return rc;
+		media[i].kind = mc->kinds[i];
+		media[i].data = (const uint8_t *) bufs[i];
+		media[i].len = len;
+	}
+	req->input_kind = G4_INPUT_CHAT;
+	req->messages = msg;
+	req->n_messages = 1;
+	req->media = mc->n_media ? media : NULL;
+	req->n_media = mc->n_media;
+	req->max_tokens = max_tokens;
+	g4_sampling_default(&req->sampling);
+	req->sampling.temperature = 0;
+	return G4_OK;
+}
+
+static void
+check_model_cases(const g4_options *o)
+{
+	h_golden	G;
+	char		why[512];
+	g4_engine  *e;
+	g4_err		err;
+	size_t		k;
+
+	CHECK_MSG(h_golden_load("media", &G, why, sizeof(why)) == 0, "golden: %s", why);
+	CHECK_OK(g4_open(o, &e, &err), &err);
+	for (k = 0; k < G4_ARRAY_LEN(model_cases); k++)
+	{
+		const model_case *mc = &model_cases[k];
+		const g4j  *c = NULL;
+		const g4j  *cases = g4j_get(g4j_root(G.doc), "model_cases");
+		g4_message	msg;
+		g4_media	media[3];
+		char	   *bufs[3] = {NULL, NULL, NULL};
+		g4_request	req;
+		g4_seq	   *s;
+		int32_t    *ids,
+				   *want,
+				   *types;
+		int			n_ids,
+					n_want,
+					n_types = 0,
+					i;
+		h_result	res;
+		double		mref,
+					d32,
+					d64,
+					ref_err;
+
+		for (i = 0; i < (int) g4j_len(cases); i++)
+			if (strcmp(g4j_get_str(g4j_at(cases, (size_t) i), "name"), mc->name) == 0)
+				c = g4j_at(cases, (size_t) i);
+		CHECK_MSG(c, "golden case %s missing", mc->name);
+		ids = h_ints(g4j_get(c, "ids"), &n_ids);
+		want = h_ints(g4j_get(c, "greedy"), &n_want);
+		types = g4j_is(g4j_get(c, "mm_token_type_ids"), G4J_ARRAY) ? h_ints(g4j_get(c, "mm_token_type_ids"), &n_types) : NULL;
+		CHECK_OK(case_request(mc, &msg, media, bufs, n_want, &req, &err), &err);
+
+		/* the expanded prompt and its bidirectional blocks */
+		s = g4_seq_new(e, &req, &err);
+		CHECK_MSG(s, "%s: %s", mc->name, err.msg);
+		CHECK_MSG(s->n_prompt == n_ids, "%s: %d prompt tokens, transformers %d", mc->name, s->n_prompt, n_ids);
+		for (i = 0; i < n_ids; i++)
+			CHECK_MSG(s->tok[i] == ids[i], "%s: prompt token %d is %d, transformers %d", mc->name, i, s->tok[i], ids[i]);
+		for (i = 0; types && i < n_types; i++)
+		{
+			int			blk = s->mm_block ? s->mm_block[i] : -1;
+
+			CHECK_MSG((types[i] == 1) == (blk >= 0), "%s: position %d has block %d, mm_token_type %d", mc->name, i,
+					  blk, types[i]);
+		}
+		g4_seq_free(s);
+
+		/* logits and the greedy continuation */
+		CHECK_OK(h_run_one(e, &req, 100000, &res, &err), &err);
+		CHECK_MSG(!res.failed && res.first_logits, "%s failed: %s", mc->name, res.error);
+		d32 = h_max_abs_diff(res.first_logits, G.data + g4j_get_int(c, "logits_offset", 0), res.vocab, &mref);
+		d64 = h_max_abs_diff(res.first_logits, G.data + g4j_get_int(c, "logits64_offset", 0), res.vocab, NULL);
+		ref_err = g4j_get_num(c, "fp32_vs_fp64", 0.0);
+		printf("    %-12s %4d prompt tokens: |engine - float64| = %.2e, |transformers fp32 - float64| = %.2e, "
+			   "|engine - transformers| = %.2e (logits up to %.2f)\n", mc->name, n_ids, d64, ref_err, d32, mref);
+		CHECK_MSG(d64 <= ERR_FACTOR * ref_err + ERR_FLOOR, "%s: logits %.3g from the float64 reference (bound %.3g)",
+				  mc->name, d64, ERR_FACTOR * ref_err + ERR_FLOOR);
+		for (i = 0; i < n_want && i < res.n_tokens; i++)
+			CHECK_MSG(res.tokens[i] == want[i], "%s: greedy token %d is %d, transformers %d", mc->name, i,
+					  res.tokens[i], want[i]);
+		CHECK_MSG(res.n_tokens == n_want, "%s: %d greedy tokens, transformers %d", mc->name, res.n_tokens, n_want);
+		h_result_free(&res);
+		for (i = 0; i < mc->n_media; i++)
+			free(bufs[i]);
+		free(ids);
+		free(want);
+		free(types);
+	}
+	g4_close(e);
+	h_golden_free(&G);
+}
+
+G4_TEST(media_model_logits_and_greedy_match_transformers)
+{
+	const char *model = h_fixture_model();
+	g4_options	o;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	h_options(&o, model);
+	check_model_cases(&o);
+}

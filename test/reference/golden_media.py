@@ -18,7 +18,9 @@
      waveform itself (compared with a tolerance: resampler builds differ);
    - on the fixture model (built by gemma4-make-model) with the fixture
      tokenizer's chat template: the expanded input ids, the last-position
-     logits and a 64-token greedy continuation (full forward each step with
+     logits (float32, and float64 as the truth both float32 implementations
+     are measured against, as golden_model.py does) and a 64-token greedy
+     continuation (full forward each step with
      the media inputs) for text only, one image, two images, image + audio.
 
 Usage (torch 2.11 + torchvision, transformers==5.17.0, pillow, soundfile, librosa):
@@ -230,7 +232,7 @@ def image_case(proc, path, budget):
 
 
 @torch.no_grad()
-def forward(model, inputs, ids):
+def forward(model, inputs, ids, dtype=torch.float32):
     kw = {"input_ids": torch.tensor([ids])}
     L = len(ids)
     if "mm_token_type_ids" in inputs:
@@ -238,12 +240,13 @@ def forward(model, inputs, ids):
         kw["mm_token_type_ids"] = torch.tensor([mm + [0] * (L - len(mm))])
     for k in ("pixel_values", "image_position_ids", "input_features", "input_features_mask"):
         if k in inputs:
-            kw[k] = inputs[k]
+            kw[k] = inputs[k].to(dtype) if inputs[k].is_floating_point() else inputs[k]
     return model(**kw).logits[0, -1].double().numpy()
 
 
 def model_cases(model_dir, proc, blob_put):
     model = load_model(model_dir)
+    model64 = load_model(model_dir, torch.float64)
     with open(os.path.join(model_dir, "generation_config.json")) as f:
         gen_cfg = json.load(f)
     suppress = gen_cfg.get("suppress_tokens", [])
@@ -271,6 +274,7 @@ def model_cases(model_dir, proc, blob_put):
         inputs = proc(**kw)
         ids = inputs["input_ids"][0].tolist()
         lg = forward(model, inputs, ids)
+        lg64 = forward(model64, inputs, ids, torch.float64)
         seq = list(ids)
         gen = []
         for _ in range(GREEDY_STEPS):
@@ -284,7 +288,8 @@ def model_cases(model_dir, proc, blob_put):
         cases.append({"name": name, "text": text, "images": [os.path.basename(p) for p in images],
                       "audio": [os.path.basename(p) for p in audios], "ids": ids,
                       "mm_token_type_ids": inputs["mm_token_type_ids"][0].tolist() if "mm_token_type_ids" in inputs else None,
-                      "logits_offset": blob_put(lg), "greedy": gen})
+                      "logits_offset": blob_put(lg), "logits64_offset": blob_put(lg64),
+                      "fp32_vs_fp64": float(np.abs(lg - lg64).max()), "greedy": gen})
     return cases
 
 
