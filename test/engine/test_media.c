@@ -10,11 +10,10 @@
  * Audio is compared sample by sample with a tolerance: the reference's
  * libsoxr build (python-soxr) and the system's may round differently.
  */
-#include <dirent.h>
-
 #include "harness.h"
 #include "media.h"
 #include "test.h"
+#include "xorshift.h"
 
 /* worst |difference| allowed on a [-1, 1] waveform after resampling */
 #define AUDIO_TOL 1e-4
@@ -305,4 +304,219 @@ G4_TEST(media_model_logits_and_greedy_match_transformers)
 		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
 	h_options(&o, model);
 	check_model_cases(&o);
+}
+
+/* ---- bad input ---- */
+
+typedef struct
+{
+	const char *file;
+	int			kind;
+	const char *message;		/* a part of the error message */
+} bad_case;
+
+static const bad_case bad_cases[] = {
+	{"empty.png", G4_MEDIA_IMAGE, "image 1: the file is empty"},
+	{"truncated.png", G4_MEDIA_IMAGE, "image 1: truncated PNG data"},
+	{"header_only.png", G4_MEDIA_IMAGE, "image 1: truncated PNG data"},
+	{"bad_ihdr_crc.png", G4_MEDIA_IMAGE, "image 1: corrupt PNG data"},
+	{"bomb_60000x60000.png", G4_MEDIA_IMAGE, "image 1: the PNG image is 60000 x 60000 pixels, more than the limit"},
+	{"zero_width.png", G4_MEDIA_IMAGE, "image 1: corrupt PNG data"},
+	{"truncated.jpg", G4_MEDIA_IMAGE, "image 1: truncated JPEG data"},
+	{"soi_only.jpg", G4_MEDIA_IMAGE, "image 1: corrupt JPEG data"},
+	{"truncated.webp", G4_MEDIA_IMAGE, "image 1: corrupt or truncated WebP data"},
+	{"truncated.gif", G4_MEDIA_IMAGE, "image 1: truncated GIF data"},
+	{"gif_no_image.gif", G4_MEDIA_IMAGE, "image 1: the GIF has no image"},
+	{"bitmap.bmp", G4_MEDIA_IMAGE, "image 1: unsupported image format"},
+	{"text.txt", G4_MEDIA_IMAGE, "image 1: unsupported image format"},
+	{"random.bin", G4_MEDIA_IMAGE, "image 1: unsupported image format"},
+	{"random.bin", G4_MEDIA_AUDIO, "audio 1: unsupported audio format"},
+	{"truncated_header.wav", G4_MEDIA_AUDIO, "audio 1: corrupt or truncated WAV data"},
+	{"corrupt.flac", G4_MEDIA_AUDIO, "audio 1: corrupt or truncated FLAC data"},
+	{"truncated.ogg", G4_MEDIA_AUDIO, "audio 1: corrupt or truncated Ogg data"},
+	{"no_samples.wav", G4_MEDIA_AUDIO, "audio 1: the WAV file holds no samples"},
+	{"empty.png", G4_MEDIA_AUDIO, "audio 1: the file is empty"},
+};
+
+static int
+read_bad(const char *name, char **data, size_t *len, g4_err *err)
+{
+	char		sub[256];
+
+	snprintf(sub, sizeof(sub), "bad/%s", name);
+	return read_media(sub, data, len, err);
+}
+
+G4_TEST(media_bad_files_fail_clearly)
+{
+	g4_media_limits lim = {G4_DEFAULT_SOFT_TOKENS, G4_DEFAULT_MAX_IMAGE_PIXELS, G4_DEFAULT_MAX_AUDIO_SECONDS};
+	size_t		k;
+
+	for (k = 0; k < G4_ARRAY_LEN(bad_cases); k++)
+	{
+		const bad_case *b = &bad_cases[k];
+		char	   *data;
+		size_t		len;
+		g4_err		err;
+		g4_media	m;
+		g4_media_input in;
+		int			rc;
+
+		CHECK_OK(read_bad(b->file, &data, &len, &err), &err);
+		m.kind = b->kind;
+		m.data = (const uint8_t *) data;
+		m.len = len;
+		memset(&err, 0, sizeof(err));
+		rc = g4_media_prepare(&m, 1, &lim, &in, &err);
+		free(data);
+		CHECK_MSG(rc == G4_ERR_INVALID && strstr(err.msg, b->message),
+				  "%s: rc %d \"%s\", expected G4_ERR_INVALID with \"%s\"", b->file, rc, err.msg, b->message);
+	}
+}
+
+/* A real 10-hour WAV (8-bit mono at 1 kHz: 36 MB) is refused from its
+ * header, before any sample is read or converted. */
+G4_TEST(media_ten_hour_wav_refused)
+{
+	g4_media_limits lim = {G4_DEFAULT_SOFT_TOKENS, G4_DEFAULT_MAX_IMAGE_PIXELS, G4_DEFAULT_MAX_AUDIO_SECONDS};
+	const uint32_t rate = 1000,
+				n = 36000u * rate;
+	uint8_t    *w = malloc(44 + (size_t) n);
+	uint8_t		hdr[44] = "RIFF\0\0\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0\0\0\0\0\0\0\0\0\x01\0\x08\0data";
+	g4_media	m;
+	g4_media_input in;
+	g4_err		err;
+	int			rc;
+
+	CHECK(w);
+	hdr[4] = (uint8_t) ((36 + n) & 0xFF), hdr[5] = (uint8_t) ((36 + n) >> 8), hdr[6] = (uint8_t) ((36 + n) >> 16),
+		hdr[7] = (uint8_t) ((36 + n) >> 24);
+	hdr[24] = (uint8_t) (rate & 0xFF), hdr[25] = (uint8_t) (rate >> 8);	/* sample rate */
+	hdr[28] = (uint8_t) (rate & 0xFF), hdr[29] = (uint8_t) (rate >> 8);	/* byte rate */
+	hdr[40] = (uint8_t) (n & 0xFF), hdr[41] = (uint8_t) (n >> 8), hdr[42] = (uint8_t) (n >> 16),
+		hdr[43] = (uint8_t) (n >> 24);
+	memcpy(w, hdr, 44);
+	memset(w + 44, 0x80, n);
+	m.kind = G4_MEDIA_AUDIO;
+	m.data = w;
+	m.len = 44 + (size_t) n;
+	rc = g4_media_prepare(&m, 1, &lim, &in, &err);
+	free(w);
+	CHECK_MSG(rc == G4_ERR_INVALID && strstr(err.msg, "audio 1: the WAV audio lasts 36000.0 s, more than the limit of 600 s"),
+			  "rc %d: %s", rc, err.msg);
+}
+
+/* Limits come from the request: the same files pass or fail by them. */
+G4_TEST(media_limits_apply)
+{
+	g4_request	req;
+	g4_media_limits lim;
+	g4_err		err;
+	char	   *data;
+	size_t		len;
+	g4_media	m;
+	g4_media_input in;
+
+	memset(&req, 0, sizeof(req));
+	CHECK_OK(g4_media_limits_from_request(&req, &lim, &err), &err);
+	CHECK_INT(lim.max_soft_tokens, 280);
+	req.max_soft_tokens = 100;
+	CHECK(g4_media_limits_from_request(&req, &lim, &err) == G4_ERR_INVALID);
+	CHECK(strstr(err.msg, "70, 140, 280, 560 or 1120"));
+	req.max_soft_tokens = 70;
+	req.max_image_pixels = 640 * 480 - 1;
+	req.max_audio_seconds = 0.4;
+	CHECK_OK(g4_media_limits_from_request(&req, &lim, &err), &err);
+
+	CHECK_OK(read_media("photo_640x480.jpg", &data, &len, &err), &err);
+	m.kind = G4_MEDIA_IMAGE;
+	m.data = (const uint8_t *) data;
+	m.len = len;
+	CHECK(g4_media_prepare(&m, 3, &lim, &in, &err) == G4_ERR_INVALID);
+	CHECK_MSG(strstr(err.msg, "image 3: the JPEG image is 640 x 480 pixels, more than the limit of 307199"), "%s",
+			  err.msg);
+	lim.max_image_pixels = 640 * 480;
+	CHECK_OK(g4_media_prepare(&m, 3, &lim, &in, &err), &err);
+	CHECK_INT(in.n_tokens, 63);	/* 70-token budget: 432 x 336 */
+	g4_media_input_free(&in);
+	free(data);
+
+	CHECK_OK(read_media("pcm16_16k_mono.wav", &data, &len, &err), &err);
+	m.kind = G4_MEDIA_AUDIO;
+	m.data = (const uint8_t *) data;
+	m.len = len;
+	CHECK(g4_media_prepare(&m, 2, &lim, &in, &err) == G4_ERR_INVALID);
+	CHECK_MSG(strstr(err.msg, "audio 2: the WAV audio lasts 0.5 s, more than the limit of 0.4 s"), "%s", err.msg);
+	lim.max_audio_seconds = 0.5;
+	CHECK_OK(g4_media_prepare(&m, 2, &lim, &in, &err), &err);
+	CHECK_INT(in.n_tokens, 13);
+	g4_media_input_free(&in);
+	free(data);
+}
+
+/*
+ * Fuzz the decoders: every good file cut at many lengths and with bytes
+ * flipped at deterministic places must decode or fail with G4_ERR_INVALID,
+ * never crash or report anything else.
+ */
+G4_TEST(media_decoder_fuzz)
+{
+	static const char *const files[] = {
+		"rgb_37x53.png", "rgb_interlaced.png", "palette_trns_60x60.png", "grey16_56x40.png", "grey_99x66.jpg",
+		"progressive_200x150.jpg", "cmyk_72x48.jpg", "exif6_90x60.jpg", "lossy_120x90.webp",
+		"alpha_lossless_40x40.webp", "interlaced_70x45.gif", "anim_first_frame.gif", "pcm8_8k_mono.wav",
+		"flac16_16k_mono.flac", "mp3_44k_mono.mp3", "vorbis_44k_stereo.ogg", "float_22k_stereo.wav",
+	};
+	g4_media_limits lim = {70, 1 << 20, 30.0};
+	uint64_t	state = 0x243f6a8885a308d3ull;
+	int			runs = 0,
+				ok = 0;
+	size_t		f;
+
+	for (f = 0; f < G4_ARRAY_LEN(files); f++)
+	{
+		char	   *data;
+		size_t		len;
+		g4_err		err;
+		int			kind = strstr(files[f], ".wav") || strstr(files[f], ".flac") || strstr(files[f], ".mp3") ||
+			strstr(files[f], ".ogg") ? G4_MEDIA_AUDIO : G4_MEDIA_IMAGE;
+		int			t;
+
+		CHECK_OK(read_media(files[f], &data, &len, &err), &err);
+		for (t = 0; t < 40; t++)
+		{
+			uint8_t    *buf = malloc(len);
+			size_t		n = len;
+			g4_media	m;
+			g4_media_input in;
+			int			rc,
+						j;
+
+			CHECK(buf);
+			memcpy(buf, data, len);
+			if (t < 16)
+				n = len * (size_t) (t + 1) / 17;	/* cut */
+			else
+				for (j = 0; j < 1 + t % 4; j++)
+				{
+					state = h_xorshift64(&state);
+					buf[state % len] ^= (uint8_t) (1 + (state >> 32) % 255);	/* flip */
+				}
+			m.kind = kind;
+			m.data = buf;
+			m.len = n;
+			memset(&err, 0, sizeof(err));
+			rc = g4_media_prepare(&m, 1, &lim, &in, &err);
+			CHECK_MSG(rc == G4_OK || rc == G4_ERR_INVALID, "%s variant %d: rc %d (%s)", files[f], t, rc, err.msg);
+			CHECK_MSG(rc == G4_OK || strncmp(err.msg, kind == G4_MEDIA_IMAGE ? "image 1: " : "audio 1: ", 9) == 0,
+					  "%s variant %d: message \"%s\" does not name the item", files[f], t, err.msg);
+			ok += rc == G4_OK;
+			runs++;
+			if (rc == G4_OK)
+				g4_media_input_free(&in);
+			free(buf);
+		}
+		free(data);
+	}
+	printf("    %d damaged files: %d decoded, %d refused with a message\n", runs, ok, runs - ok);
 }
