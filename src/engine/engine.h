@@ -176,7 +176,7 @@ typedef struct
 	uint64_t	user_tag;		/* opaque, echoed in stats */
 
 	/* media: each <|image|> / <|audio|> in the prompt text (or image/audio
-	 * part of a message) takes the next item; with no placeholder at all
+	 * part of a message) takes the next item of its kind; with no placeholder at all
 	 * the items go before the text of the last user message (chat) or right
 	 * after BOS (raw text).  Each expands to begin + N soft tokens + end. */
 	const g4_media *media;		/* in prompt order, may be NULL */

@@ -5,14 +5,16 @@
  * Placement (Gemma4UnifiedProcessor + the Gemma 4 chat template):
  *  - every "<|image|>" / "<|audio|>" in the prompt text or in a message's
  *    text, and every image / audio part of a message, takes the next media
- *    item, whose kind must match; a text placeholder expands in place to
+ *    item of its kind (images and audio keep their own order, so separate
+ *    image and audio lists place naturally); a text placeholder expands to
  *    begin + N soft tokens + end (the processor's replacement), a part is
  *    rendered by the chat format (an image part with its blank lines);
  *  - with no placeholder at all, the items become parts at the start of the
  *    last user message (chat), or expansions right after BOS (raw text);
  *  - placeholders and items must then be equally many.
- * After tokenisation each run of soft tokens is matched with its item (kind
- * and length); image runs become bidirectional blocks, audio stays causal.
+ * After tokenisation each run of soft tokens is matched with the next item
+ * of its kind (and must have its length); embedding rows are laid out in
+ * item order; image runs become bidirectional blocks, audio stays causal.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -61,16 +63,26 @@ count_placeholders(const char *text)
 	return n;
 }
 
-/* Take the next item for a placeholder of `kind`. */
+/* The next item of `kind` at or after cursor[kind], or -1. */
+static int
+next_of_kind(const g4_media_input *in, int n_in, int kind, int *cursor)
+{
+	while (cursor[kind] < n_in && in[cursor[kind]].kind != kind)
+		cursor[kind]++;
+	return cursor[kind] < n_in ? cursor[kind]++ : -1;
+}
+
+/* Take the next item for a placeholder of `kind`; *taken counts them. */
 static int
 take(const g4_media_input *in, int n_in, int kind, int *next, g4_err *err)
 {
-	if (*next >= n_in)
-		return g4_fail(err, G4_ERR_INVALID, "the prompt has more media placeholders than media items (%d)", n_in);
-	if (in[*next].kind != kind)
-		return g4_fail(err, G4_ERR_INVALID, "media item %d is %s but its place in the prompt is an %s placeholder",
-					   *next + 1, kind_name(in[*next].kind), kind_name(kind));
-	return (*next)++;
+	int			i = next_of_kind(in, n_in, kind, next + 1);
+
+	if (i < 0)
+		return g4_fail(err, G4_ERR_INVALID, "the prompt has more %s placeholders than %s items", kind_name(kind),
+					   kind_name(kind));
+	next[0]++;
+	return i;
 }
 
 /* Keep a string alive for the placed request. */
@@ -270,19 +282,19 @@ int
 g4_media_place(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_request *req, const g4_media_input *in,
 			   int n_in, g4_media_prompt *p, g4_err *err)
 {
-	int			next = 0;
+	int			next[3] = {0, 0, 0};	/* items taken; next image, next audio */
 	int			rc;
 
 	memset(p, 0, sizeof(*p));
 	p->req = *req;
 	if (req->input_kind == G4_INPUT_TEXT)
-		rc = place_text(p, tok, ids, in, n_in, &next, err);
+		rc = place_text(p, tok, ids, in, n_in, next, err);
 	else if (req->input_kind == G4_INPUT_CHAT && req->messages && req->n_messages > 0)
-		rc = place_chat(p, tok, ids, in, n_in, &next, err);
+		rc = place_chat(p, tok, ids, in, n_in, next, err);
 	else
 		rc = g4_fail(err, G4_ERR_INVALID, "media need a text or chat prompt (not token ids)");
-	if (rc == G4_OK && next != n_in)
-		rc = g4_fail(err, G4_ERR_INVALID, "the prompt has %d media placeholders for %d media items", next, n_in);
+	if (rc == G4_OK && next[0] != n_in)
+		rc = g4_fail(err, G4_ERR_INVALID, "the prompt has %d media placeholders for %d media items", next[0], n_in);
 	if (rc != G4_OK)
 		g4_media_prompt_free(p);
 	return rc;
@@ -292,30 +304,38 @@ int
 g4_media_locate(const g4_chat_ids *ids, const int32_t *tok, int n, const g4_media_input *in, int n_in,
 				int32_t **embed_pos, int *n_embeds, int32_t **mm_block, g4_err *err)
 {
-	int			total = 0,
-				item = 0,
+	int		   *offset = g4_malloc(sizeof(int) * (size_t) (n_in + 1));
+	int			cursor[2] = {0, 0};
+	int			found = 0,
 				block = 0,
-				e = 0,
+				any_image = 0,
 				i;
-	int			any_image = 0;
 
 	*embed_pos = NULL;
 	*mm_block = NULL;
 	*n_embeds = 0;
+	if (!offset)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	offset[0] = 0;
 	for (i = 0; i < n_in; i++)
 	{
-		total += in[i].n_tokens;
+		offset[i + 1] = offset[i] + in[i].n_tokens;
 		any_image |= in[i].kind == G4_MEDIA_IMAGE;
 	}
-	*embed_pos = g4_malloc((size_t) G4_MAX(total, 1) * sizeof(int32_t));
+	*embed_pos = g4_malloc((size_t) G4_MAX(offset[n_in], 1) * sizeof(int32_t));
 	if (any_image)
 		*mm_block = g4_malloc((size_t) n * sizeof(int32_t));
 	if (!*embed_pos || (any_image && !*mm_block))
-		goto nomem;
+	{
+		g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		goto fail;
+	}
 	for (i = 0; i < n;)
 	{
 		int			kind = tok[i] == ids->image_soft ? G4_MEDIA_IMAGE : tok[i] == ids->audio_soft ? G4_MEDIA_AUDIO : -1;
-		int			run = 0;
+		int			run = 0,
+					item,
+					k;
 
 		if (kind < 0)
 		{
@@ -326,36 +346,34 @@ g4_media_locate(const g4_chat_ids *ids, const int32_t *tok, int n, const g4_medi
 		}
 		while (i + run < n && tok[i + run] == tok[i])
 			run++;
-		if (item >= n_in || in[item].kind != kind || in[item].n_tokens != run)
+		item = next_of_kind(in, n_in, kind, cursor);
+		if (item < 0 || in[item].n_tokens != run)
 		{
-			free(*embed_pos);
-			free(*mm_block);
-			*embed_pos = *mm_block = NULL;
-			return g4_fail(err, G4_ERR_INVALID,
-						   "the prompt holds %s soft-token text that does not match its media items "
-						   "(write one <|image|> or <|audio|> per item, nothing else)", kind_name(kind));
+			g4_fail(err, G4_ERR_INVALID, "the prompt holds %s soft-token text that does not match its media items "
+					"(write one <|image|> or <|audio|> per item, nothing else)", kind_name(kind));
+			goto fail;
 		}
-		for (; run > 0; run--, i++)
+		for (k = 0; k < run; k++, i++)
 		{
-			(*embed_pos)[e++] = i;
+			(*embed_pos)[offset[item] + k] = i;
 			if (*mm_block)
 				(*mm_block)[i] = kind == G4_MEDIA_IMAGE ? block : -1;
 		}
 		block += kind == G4_MEDIA_IMAGE;
-		item++;
+		found++;
 	}
-	if (item != n_in)
+	if (found != n_in)
 	{
-		free(*embed_pos);
-		free(*mm_block);
-		*embed_pos = *mm_block = NULL;
-		return g4_fail(err, G4_ERR_INVALID, "%d of %d media items found no place in the prompt", n_in - item, n_in);
+		g4_fail(err, G4_ERR_INVALID, "%d of %d media items found no place in the prompt", n_in - found, n_in);
+		goto fail;
 	}
-	*n_embeds = e;
+	*n_embeds = offset[n_in];
+	free(offset);
 	return G4_OK;
-nomem:
+fail:
+	free(offset);
 	free(*embed_pos);
 	free(*mm_block);
 	*embed_pos = *mm_block = NULL;
-	return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	return err->code;
 }

@@ -520,3 +520,81 @@ G4_TEST(media_decoder_fuzz)
 	}
 	printf("    %d damaged files: %d decoded, %d refused with a message\n", runs, ok, runs - ok);
 }
+
+/* ---- placement ---- */
+
+G4_TEST(media_placement_and_refusals)
+{
+	const char *model = h_fixture_model();
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	char	   *img,
+			   *aud;
+	size_t		img_len,
+				aud_len;
+	g4_media	media[2];
+	g4_request	req;
+	g4_seq	   *s;
+	int			i,
+				n_img_tok = 60,	/* rgb_300x200.png at 70: 480 x 288 */
+				n_aud_tok = 13;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	h_options(&o, model);
+	o.max_model_len = 128;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	CHECK_OK(read_media("rgb_300x200.png", &img, &img_len, &err), &err);
+	CHECK_OK(read_media("pcm16_16k_mono.wav", &aud, &aud_len, &err), &err);
+	media[0] = (g4_media) {G4_MEDIA_IMAGE, (const uint8_t *) img, img_len};
+	media[1] = (g4_media) {G4_MEDIA_AUDIO, (const uint8_t *) aud, aud_len};
+	memset(&req, 0, sizeof(req));
+	g4_sampling_default(&req.sampling);
+	req.input_kind = G4_INPUT_TEXT;
+	req.max_tokens = 4;
+	req.max_soft_tokens = 70;
+	req.media = media;
+	req.n_media = 2;
+
+	/* placeholders take the next item of their kind: audio first here */
+	req.prompt = "Hear <|audio|> then see <|image|>.";
+	s = g4_seq_new(e, &req, &err);
+	CHECK_MSG(s, "%s", err.msg);
+	CHECK_INT(s->n_embeds, n_img_tok + n_aud_tok);
+	/* rows are in item order: the image's positions come after the audio's */
+	CHECK(s->embed_pos[0] > s->embed_pos[n_img_tok]);
+	for (i = 0; i < n_img_tok; i++)
+		CHECK(s->mm_block[s->embed_pos[i]] == 0);
+	for (i = 0; i < n_aud_tok; i++)
+		CHECK(s->mm_block[s->embed_pos[n_img_tok + i]] == -1);
+	CHECK(s->tok[s->embed_pos[0] - 1] == e->chat.image_begin);
+	CHECK(s->tok[s->embed_pos[n_img_tok] - 1] == e->chat.audio_begin);
+	g4_seq_free(s);
+
+	/* more placeholders than items */
+	req.prompt = "<|image|> and <|image|>";
+	CHECK(g4_seq_new(e, &req, &err) == NULL && err.code == G4_ERR_INVALID);
+	CHECK_MSG(strstr(err.msg, "more image placeholders than image items"), "%s", err.msg);
+	/* fewer */
+	req.prompt = "Only <|audio|>.";
+	CHECK(g4_seq_new(e, &req, &err) == NULL && err.code == G4_ERR_INVALID);
+	CHECK_MSG(strstr(err.msg, "1 media placeholders for 2 media items"), "%s", err.msg);
+
+	/* media pushing the prompt past the window (128) */
+	req.prompt = "Describe.";
+	req.max_soft_tokens = 140;	/* 126 image tokens */
+	CHECK(g4_seq_new(e, &req, &err) == NULL && err.code == G4_ERR_TOO_LONG);
+	CHECK_MSG(strstr(err.msg, "context window"), "%s", err.msg);
+
+	/* a bad item names itself, and nothing is queued */
+	media[1].len = 30;
+	req.max_soft_tokens = 70;
+	CHECK(g4_seq_new(e, &req, &err) == NULL && err.code == G4_ERR_INVALID);
+	CHECK_MSG(strstr(err.msg, "audio 1: "), "%s", err.msg);
+	CHECK(!g4_has_work(e));
+
+	free(img);
+	free(aud);
+	g4_close(e);
+}
