@@ -382,11 +382,12 @@ g4_submit_embeds(g4_engine *e, const g4_request *req, int n_embeds, const int32_
 	if (!s)
 		return err->code;
 	for (i = 0; i < n_embeds; i++)
-		if (embed_pos[i] < 0 || embed_pos[i] >= s->n_prompt)
+		if (embed_pos[i] < 0 || embed_pos[i] >= s->n_prompt || (i > 0 && embed_pos[i] <= embed_pos[i - 1]))
 		{
 			g4_seq_free(s);
-			return g4_fail(err, G4_ERR_INVALID, "embedding row %d targets position %d outside the prompt", i,
-						   embed_pos[i]);
+			return g4_fail(err, G4_ERR_INVALID,
+						   "embedding row %d targets position %d, outside the prompt or not after the previous row's",
+						   i, embed_pos[i]);
 		}
 	s->n_embeds = n_embeds;
 	if (n_embeds > 0)

@@ -164,7 +164,8 @@ void		g4_release_slot(g4_engine *e, g4_seq *s);
 /* ---- test entry points ---- */
 
 /* Submit token ids with precomputed embedding rows at some prompt positions
- * (soft tokens) and the bidirectional block id of each prompt position. */
+ * (soft tokens; positions ascending) and the bidirectional block id of each
+ * prompt position. */
 int			g4_submit_embeds(g4_engine *e, const g4_request *req, int n_embeds,
 							 const int32_t *embed_pos, const float *embed_rows,
 							 const int32_t *mm_block, uint64_t *seq_id, g4_err *err);

@@ -57,6 +57,7 @@ typedef struct g4_media_input
 	int32_t    *pos;			/* image: [n_tokens][2] (x, y) block position; audio: NULL */
 	double		seconds;		/* audio duration (0 for images) */
 	double		decode_seconds; /* wall time spent decoding and preprocessing */
+	int			row_offset;		/* first of its rows among the prompt's soft-token rows */
 } g4_media_input;
 
 typedef struct

@@ -13,8 +13,8 @@
  *    last user message (chat), or expansions right after BOS (raw text);
  *  - placeholders and items must then be equally many.
  * After tokenisation each run of soft tokens is matched with the next item
- * of its kind (and must have its length); embedding rows are laid out in
- * item order; image runs become bidirectional blocks, audio stays causal.
+ * of its kind (and must have its length); soft-token rows are laid out in
+ * prompt order; image runs become bidirectional blocks, audio stays causal.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -301,28 +301,26 @@ g4_media_place(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_request
 }
 
 int
-g4_media_locate(const g4_chat_ids *ids, const int32_t *tok, int n, const g4_media_input *in, int n_in,
+g4_media_locate(const g4_chat_ids *ids, const int32_t *tok, int n, g4_media_input *in, int n_in,
 				int32_t **embed_pos, int *n_embeds, int32_t **mm_block, g4_err *err)
 {
-	int		   *offset = g4_malloc(sizeof(int) * (size_t) (n_in + 1));
 	int			cursor[2] = {0, 0};
 	int			found = 0,
 				block = 0,
+				total = 0,
+				e = 0,
 				any_image = 0,
 				i;
 
 	*embed_pos = NULL;
 	*mm_block = NULL;
 	*n_embeds = 0;
-	if (!offset)
-		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
-	offset[0] = 0;
 	for (i = 0; i < n_in; i++)
 	{
-		offset[i + 1] = offset[i] + in[i].n_tokens;
+		total += in[i].n_tokens;
 		any_image |= in[i].kind == G4_MEDIA_IMAGE;
 	}
-	*embed_pos = g4_malloc((size_t) G4_MAX(offset[n_in], 1) * sizeof(int32_t));
+	*embed_pos = g4_malloc((size_t) G4_MAX(total, 1) * sizeof(int32_t));
 	if (any_image)
 		*mm_block = g4_malloc((size_t) n * sizeof(int32_t));
 	if (!*embed_pos || (any_image && !*mm_block))
@@ -334,8 +332,7 @@ g4_media_locate(const g4_chat_ids *ids, const int32_t *tok, int n, const g4_medi
 	{
 		int			kind = tok[i] == ids->image_soft ? G4_MEDIA_IMAGE : tok[i] == ids->audio_soft ? G4_MEDIA_AUDIO : -1;
 		int			run = 0,
-					item,
-					k;
+					item;
 
 		if (kind < 0)
 		{
@@ -353,9 +350,10 @@ g4_media_locate(const g4_chat_ids *ids, const int32_t *tok, int n, const g4_medi
 					"(write one <|image|> or <|audio|> per item, nothing else)", kind_name(kind));
 			goto fail;
 		}
-		for (k = 0; k < run; k++, i++)
+		in[item].row_offset = e;
+		for (; run > 0; run--, i++)
 		{
-			(*embed_pos)[offset[item] + k] = i;
+			(*embed_pos)[e++] = i;
 			if (*mm_block)
 				(*mm_block)[i] = kind == G4_MEDIA_IMAGE ? block : -1;
 		}
@@ -367,11 +365,9 @@ g4_media_locate(const g4_chat_ids *ids, const int32_t *tok, int n, const g4_medi
 		g4_fail(err, G4_ERR_INVALID, "%d of %d media items found no place in the prompt", n_in - found, n_in);
 		goto fail;
 	}
-	*n_embeds = offset[n_in];
-	free(offset);
+	*n_embeds = e;
 	return G4_OK;
 fail:
-	free(offset);
 	free(*embed_pos);
 	free(*mm_block);
 	*embed_pos = *mm_block = NULL;

@@ -24,10 +24,10 @@ int			g4_media_place(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_r
 void		g4_media_prompt_free(g4_media_prompt *p);
 
 /* In the tokenised prompt, match each run of soft tokens with the next item
- * of its kind: the positions taking soft-token rows (item after item, in
- * the order of in[]) and, when there is an image, each position's
- * bidirectional block id (-1 outside images). */
-int			g4_media_locate(const g4_chat_ids *ids, const int32_t *tok, int n, const g4_media_input *in,
+ * of its kind: the positions taking soft-token rows (ascending; each item's
+ * first row is set in its row_offset) and, when there is an image, each
+ * position's bidirectional block id (-1 outside images). */
+int			g4_media_locate(const g4_chat_ids *ids, const int32_t *tok, int n, g4_media_input *in,
 							int n_in, int32_t **embed_pos, int *n_embeds, int32_t **mm_block, g4_err *err);
 
 #endif

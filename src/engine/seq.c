@@ -180,7 +180,6 @@ int
 g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err)
 {
 	size_t		H = (size_t) e->model->cfg.hidden_size;
-	size_t		off = 0;
 	double		t0 = g4_now();
 	int			i,
 				rc;
@@ -194,9 +193,8 @@ g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err)
 	{
 		g4_media_input *in = &s->media_in[i];
 
-		if ((rc = g4_model_embed_media(e->model, in, s->embed_rows + off * H, err)) != G4_OK)
+		if ((rc = g4_model_embed_media(e->model, in, s->embed_rows + (size_t) in->row_offset * H, err)) != G4_OK)
 			return g4_fail_ctx(err, "%s %d", in->kind == G4_MEDIA_IMAGE ? "image" : "audio", i + 1);
-		off += (size_t) in->n_tokens;
 		e->stats.images += in->kind == G4_MEDIA_IMAGE;
 		e->stats.audio_seconds += in->seconds;
 		e->stats.media_decode_seconds += in->decode_seconds;

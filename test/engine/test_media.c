@@ -562,14 +562,17 @@ G4_TEST(media_placement_and_refusals)
 	s = g4_seq_new(e, &req, &err);
 	CHECK_MSG(s, "%s", err.msg);
 	CHECK_INT(s->n_embeds, n_img_tok + n_aud_tok);
-	/* rows are in item order: the image's positions come after the audio's */
-	CHECK(s->embed_pos[0] > s->embed_pos[n_img_tok]);
-	for (i = 0; i < n_img_tok; i++)
-		CHECK(s->mm_block[s->embed_pos[i]] == 0);
+	/* rows in prompt order: the audio's first, then the image's */
+	CHECK_INT(s->media_in[0].row_offset, n_aud_tok);
+	CHECK_INT(s->media_in[1].row_offset, 0);
+	for (i = 1; i < s->n_embeds; i++)
+		CHECK(s->embed_pos[i] > s->embed_pos[i - 1]);
 	for (i = 0; i < n_aud_tok; i++)
-		CHECK(s->mm_block[s->embed_pos[n_img_tok + i]] == -1);
-	CHECK(s->tok[s->embed_pos[0] - 1] == e->chat.image_begin);
-	CHECK(s->tok[s->embed_pos[n_img_tok] - 1] == e->chat.audio_begin);
+		CHECK(s->mm_block[s->embed_pos[i]] == -1);
+	for (i = 0; i < n_img_tok; i++)
+		CHECK(s->mm_block[s->embed_pos[n_aud_tok + i]] == 0);
+	CHECK(s->tok[s->embed_pos[0] - 1] == e->chat.audio_begin);
+	CHECK(s->tok[s->embed_pos[n_aud_tok] - 1] == e->chat.image_begin);
 	g4_seq_free(s);
 
 	/* more placeholders than items */
