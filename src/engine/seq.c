@@ -154,7 +154,7 @@ build_media_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 static int
 build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 {
-	if (req->n_media != 0 || req->media)
+	if (req->n_media != 0)
 		return build_media_prompt(e, s, req, err);
 	return tokenize_prompt(e, s, req, err);
 }
