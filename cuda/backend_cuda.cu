@@ -794,6 +794,9 @@ static const g4_backend_ops cuda_ops = {
 	cu_graph_begin,
 	cu_graph_end,
 	g4c_sample,
+	g4c_layernorm,
+	g4c_add_bias,
+	g4c_add_pos2d,
 };
 
 extern "C" int

@@ -379,6 +379,26 @@ g4c_pdl_wait(void)
 #endif
 }
 
+/* Sum of a double over the block (every thread gets it); red holds 32. */
+__device__ __forceinline__ double
+g4c_block_sum_double(double v, double *red)
+{
+	int			lane = threadIdx.x & 31;
+	int			w = threadIdx.x >> 5;
+	int			nw = blockDim.x >> 5;
+
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	__syncthreads();
+	if (lane == 0)
+		red[w] = v;
+	__syncthreads();
+	v = lane < nw ? red[lane] : 0.0;
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
 template <typename... KArgs, typename... Args>
 static inline int
 g4c_launch(g4_cuda *c, const char *what, void (*kernel) (KArgs...), dim3 grid, dim3 block, size_t smem,
@@ -409,6 +429,12 @@ int			g4c_embed(g4_backend *be, const g4_weight *table, float scale, float *out)
 int			g4c_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
 int			g4c_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
 int			g4c_softcap(g4_backend *be, float *x, size_t count, float cap);
+/* embed_ops.cu */
+int			g4c_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows,
+						  int dim, float eps, float *y);
+int			g4c_add_bias(g4_backend *be, float *x, const float *b, int rows, int dim);
+int			g4c_add_pos2d(g4_backend *be, float *x, const float *table, const int32_t *pos, int rows,
+						  int dim);
 /* sample.cu */
 int			g4c_sample(g4_backend *be, float *logits, int n, int vocab, const int32_t *suppress,
 					   int n_suppress, const g4_row_sampling *rows, int32_t *ids);

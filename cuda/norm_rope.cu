@@ -14,25 +14,6 @@
 
 #define NORM_THREADS 256
 
-__device__ __forceinline__ double
-block_sum_double(double v, double *red)
-{
-	int			lane = threadIdx.x & 31;
-	int			w = threadIdx.x >> 5;
-	int			nw = blockDim.x >> 5;
-
-	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	__syncthreads();
-	if (lane == 0)
-		red[w] = v;
-	__syncthreads();
-	v = lane < nw ? red[lane] : 0.0;
-	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	return v;
-}
-
 __device__ __forceinline__ float
 rms_factor(double ss, int dim, float eps)
 {
@@ -52,7 +33,7 @@ rmsnorm_kernel(const float *x, const float *w, int dim, float eps, float *y)
 	g4c_pdl_wait();
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
 		ss += (double) xr[i] * (double) xr[i];
-	f = rms_factor(block_sum_double(ss, red), dim, eps);
+	f = rms_factor(g4c_block_sum_double(ss, red), dim, eps);
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
 	{
 		float		v = __fmul_rn(xr[i], f);
@@ -88,7 +69,7 @@ add_rmsnorm_kernel(float *x, const float *h, const float *w, int dim, float eps,
 	g4c_pdl_wait();
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
 		ss += (double) hr[i] * (double) hr[i];
-	f = rms_factor(block_sum_double(ss, red), dim, eps);
+	f = rms_factor(g4c_block_sum_double(ss, red), dim, eps);
 	ss = 0.0;
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
 	{
@@ -100,7 +81,7 @@ add_rmsnorm_kernel(float *x, const float *h, const float *w, int dim, float eps,
 	}
 	if (!y)
 		return;
-	f = rms_factor(block_sum_double(ss, red), dim, eps);
+	f = rms_factor(g4c_block_sum_double(ss, red), dim, eps);
 	y += (size_t) blockIdx.x * (size_t) dim;
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
 		y[i] = __fmul_rn(__fmul_rn(xr[i], f), next_w[i]);
@@ -157,7 +138,7 @@ add_rmsnorm_regs_kernel(float *x, const float *h, const float *w, int dim, float
 				(double) hv[j].w * hv[j].w;
 		}
 	}
-	f = rms_factor(block_sum_double(ss, red), dim, eps);
+	f = rms_factor(g4c_block_sum_double(ss, red), dim, eps);
 	ss = 0.0;
 #pragma unroll
 	for (int j = 0; j < 4; j++)
@@ -183,7 +164,7 @@ add_rmsnorm_regs_kernel(float *x, const float *h, const float *w, int dim, float
 	}
 	if (!y)
 		return;
-	f = rms_factor(block_sum_double(ss, red), dim, eps);
+	f = rms_factor(g4c_block_sum_double(ss, red), dim, eps);
 	y += (size_t) blockIdx.x * (size_t) dim;
 #pragma unroll
 	for (int j = 0; j < 4; j++)

@@ -4,7 +4,9 @@ BUILD ?= build
 CC ?= cc
 ENGINE_CFLAGS = -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -pthread \
 	-Wall -Wextra -Werror -Wno-unused-parameter -Isrc/engine
-ENGINE_LDLIBS = -lm -lpthread -ldl
+# media decoders: libpng, libjpeg-turbo, libwebp, giflib, libsndfile, libsoxr
+MEDIA_LDLIBS = -lpng -ljpeg -lwebp -lgif -lsndfile -lsoxr
+ENGINE_LDLIBS = -lm -lpthread -ldl $(MEDIA_LDLIBS)
 
 ENGINE_SRCS := $(wildcard src/engine/*.c src/engine/cpu/*.c)
 

@@ -24,13 +24,15 @@ CREATE FUNCTION gemma_generate(prompt text,
 							   top_k int DEFAULT NULL,
 							   seed bigint DEFAULT NULL,
 							   stop text[] DEFAULT NULL,
-							   system text DEFAULT NULL)
+							   system text DEFAULT NULL,
+							   -- media
+							   max_soft_tokens int DEFAULT NULL)
 RETURNS text
 AS 'MODULE_PATHNAME', 'gemma_generate'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000;
 
-COMMENT ON FUNCTION gemma_generate(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text) IS
-'single-turn chat: the answer to prompt (after an optional system message); greedy unless temperature is given';
+COMMENT ON FUNCTION gemma_generate(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, int) IS
+'single-turn chat: the answer to prompt (after an optional system message); greedy unless temperature is given; images and audio are file bytes (PNG, JPEG, WebP, GIF; WAV, FLAC, MP3, Ogg Vorbis) that take the prompt''s <|image|> / <|audio|> placeholders in turn, or go before its text';
 
 CREATE FUNCTION gemma_complete(prompt text,
 							   max_tokens int DEFAULT NULL,
@@ -62,12 +64,14 @@ CREATE FUNCTION gemma_generate_stream(prompt text,
 									  top_k int DEFAULT NULL,
 									  seed bigint DEFAULT NULL,
 									  stop text[] DEFAULT NULL,
-									  system text DEFAULT NULL)
+									  system text DEFAULT NULL,
+									  -- media
+									  max_soft_tokens int DEFAULT NULL)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'gemma_generate_stream'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000 ROWS 100;
 
-COMMENT ON FUNCTION gemma_generate_stream(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text) IS
+COMMENT ON FUNCTION gemma_generate_stream(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, int) IS
 'gemma_generate, one row per decoded piece';
 
 CREATE FUNCTION gemma_complete_stream(prompt text,
@@ -115,13 +119,17 @@ CREATE FUNCTION gemma_generate_batch(prompts text[],
 									 top_k int DEFAULT NULL,
 									 seed bigint DEFAULT NULL,
 									 stop text[] DEFAULT NULL,
-									 system text DEFAULT NULL)
+									 system text DEFAULT NULL,
+									 -- media: one element per prompt, NULL for none
+									 images bytea[] DEFAULT NULL,
+									 audio bytea[] DEFAULT NULL,
+									 max_soft_tokens int DEFAULT NULL)
 RETURNS text[]
 AS 'MODULE_PATHNAME', 'gemma_generate_batch'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
 
-COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text) IS
-'gemma_generate over many prompts at once, generated together';
+COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text, bytea[], bytea[], int) IS
+'gemma_generate over many prompts at once, generated together; images[i] and audio[i] (NULL: none) go with prompts[i]';
 
 CREATE FUNCTION gemma_chat(messages jsonb, options jsonb DEFAULT '{}')
 RETURNS jsonb
@@ -129,7 +137,7 @@ AS 'MODULE_PATHNAME', 'gemma_chat'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000;
 
 COMMENT ON FUNCTION gemma_chat(jsonb, jsonb) IS
-'chat over [{"role", "content"}] messages; returns {content, reasoning, finish_reason, usage}';
+'chat over [{"role", "content"}] messages (content: a string, or parts {"type": "text", "text"} / {"type": "image" | "audio", "data": base64}); returns {content, reasoning, finish_reason, usage}';
 
 -- STRICT: a NULL text has no tokens, a NULL array no text.
 CREATE FUNCTION gemma_tokenize(text)
@@ -185,7 +193,12 @@ CREATE FUNCTION gemma_stats(
 	OUT max_batch_tokens bigint,
 	OUT spec_acceptance float8,
 	-- prefix caching: prompt tokens found computed in the cache (not prefilled)
-	OUT tokens_in_cached bigint)
+	OUT tokens_in_cached bigint,
+	-- media
+	OUT images bigint,
+	OUT audio_seconds float8,
+	OUT media_decode_seconds float8,
+	OUT media_embed_seconds float8)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'gemma_stats'
 LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED ROWS 1;
@@ -227,7 +240,9 @@ CREATE FUNCTION gemma_requests(
 	OUT kv_blocks int,
 	OUT submitted_at timestamptz,
 	OUT time_to_first_token interval,
-	OUT tokens_per_second float8)
+	OUT tokens_per_second float8,
+	-- media
+	OUT media_tokens int)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'gemma_requests'
 LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;

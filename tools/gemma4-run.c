@@ -7,11 +7,15 @@
  *              [--kv-dtype f32|bf16|turboquant_k8v4] [--backend auto|cpu|cuda]
  *              [--threads N] [--max-model-len N] [--batch N]
  *              [--bench] [--bench-prompt-tokens N]
+ *              [--image FILE] [--audio FILE] [--max-soft-tokens N]
  *
  * Prints the generated text (as it decodes with --stream).  --bench prints
  * prefill and decode throughput; --batch N runs N copies of the request at
  * once (continuous batching), --bench-prompt-tokens N replaces the prompt by
- * N synthetic tokens.
+ * N synthetic tokens.  --image and --audio (each repeatable) add media in
+ * the order given: they take the <|image|> / <|audio|> placeholders of the
+ * prompt in turn, or go before the prompt text when it has none; --bench
+ * then also prints media decoding and embedder times.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,8 +160,33 @@ usage(void)
 			"                  [--top-p P] [--top-k K] [--seed S] [--chat] [--system TEXT] [--think]\n"
 			"                  [--stream] [--kv-dtype f32|bf16|turboquant_k8v4] [--backend auto|cpu|cuda]\n"
 			"                  [--threads N] [--max-model-len N] [--batch N] [--bench]\n"
-			"                  [--bench-prompt-tokens N]\n");
+			"                  [--bench-prompt-tokens N] [--image FILE] [--audio FILE] [--max-soft-tokens N]\n");
 	exit(2);
+}
+
+/* Read a whole media file; exits on failure. */
+static void
+read_media(const char *path, int kind, g4_media *m)
+{
+	FILE	   *f = fopen(path, "rb");
+	long		n;
+	uint8_t    *buf;
+
+	if (!f || fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
+	{
+		fprintf(stderr, "gemma4-run: cannot read %s\n", path);
+		exit(1);
+	}
+	buf = malloc((size_t) n + 1);
+	if (!buf || fread(buf, 1, (size_t) n, f) != (size_t) n)
+	{
+		fprintf(stderr, "gemma4-run: cannot read %s\n", path);
+		exit(1);
+	}
+	fclose(f);
+	m->kind = kind;
+	m->data = buf;
+	m->len = (size_t) n;
 }
 
 int
@@ -175,6 +204,8 @@ main(int argc, char **argv)
 	int			bench_prompt = 0;
 	int32_t    *synthetic = NULL;
 	g4_message	msgs[2];
+	g4_media   *media = NULL;
+	int			n_media = 0;
 	double		t0,
 				t1;
 	int			i;
@@ -234,6 +265,16 @@ main(int argc, char **argv)
 			r.batch = atoi(v);
 		else if (ARG("--bench-prompt-tokens"))
 			bench_prompt = atoi(v);
+		else if (ARG("--max-soft-tokens"))
+			req.max_soft_tokens = atoi(v);
+		else if ((strcmp(a, "--image") == 0 || strcmp(a, "--audio") == 0) && v)
+		{
+			media = realloc(media, (size_t) (n_media + 1) * sizeof(g4_media));
+			if (!media)
+				return 1;
+			read_media(v, strcmp(a, "--image") == 0 ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO, &media[n_media++]);
+			i++;
+		}
 		else if (strcmp(a, "--chat") == 0)
 			chat = 1;
 		else if (strcmp(a, "--think") == 0)
@@ -306,6 +347,8 @@ main(int argc, char **argv)
 		req.prompt = prompt;
 	}
 
+	req.media = media;
+	req.n_media = n_media;
 	r.ids = calloc((size_t) r.batch, sizeof(uint64_t));
 	r.first_at = calloc((size_t) r.batch, sizeof(double));
 	r.text = calloc((size_t) r.batch, sizeof(char *));
@@ -360,6 +403,10 @@ main(int argc, char **argv)
 		printf("decode:  %d tokens in %.3f s = %.1f tokens/s (%d sequence%s, %llu steps, mean batch %.1f)\n",
 			   decoded, decode, decode > 0 ? decoded / decode : 0.0, r.batch, r.batch > 1 ? "s" : "",
 			   (unsigned long long) st.steps, st.steps ? (double) st.batch_seqs_sum / (double) st.steps : 0.0);
+		if (n_media > 0)
+			printf("media:   %llu images, %.2f s of audio; decoding and preprocessing %.3f s, embedders %.3f s "
+				   "(included in the time to first token)\n", (unsigned long long) st.images, st.audio_seconds,
+				   st.media_decode_seconds, st.media_embed_seconds);
 		printf("memory:  weights %.1f MiB, KV pool %.1f MiB (%s), workspace %.1f MiB\n",
 			   (double) st.weight_bytes / 1048576.0, (double) st.kv_bytes_total / 1048576.0, st.kv_dtype,
 			   (double) st.workspace_bytes / 1048576.0);
@@ -371,6 +418,9 @@ main(int argc, char **argv)
 	free(r.ids);
 	free(r.first_at);
 	free(synthetic);
+	for (i = 0; i < n_media; i++)
+		free((void *) media[i].data);
+	free(media);
 	g4_close(e);
 	return r.failed ? 1 : 0;
 }

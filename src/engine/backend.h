@@ -219,6 +219,24 @@ typedef struct
 	 * returns. */
 	int			(*sample) (g4_backend *be, float *logits, int n, int vocab, const int32_t *suppress,
 						   int n_suppress, const g4_row_sampling *rows, int32_t *ids);
+
+	/* ---- media embedders (every backend has these) ---- */
+
+	/* y = (x - mean) / sqrt(var + eps) * w + b over rows of `dim` (biased
+	 * variance; mean and variance accumulated in double, each product and
+	 * sum rounded on its own); y may alias x. */
+	int			(*layernorm) (g4_backend *be, const float *x, const float *w, const float *b, int rows,
+							  int dim, float eps, float *y);
+
+	/* x[r][i] += b[i] */
+	int			(*add_bias) (g4_backend *be, float *x, const float *b, int rows, int dim);
+
+	/* The factorised 2-D position embedding: x[r][i] += (table[px][0][i] +
+	 * table[py][1][i]) with (px, py) = pos[r]; a negative coordinate adds
+	 * nothing.  table [n_pos][2][dim] and pos [rows][2] (int32) are device
+	 * memory; coordinates are < n_pos. */
+	int			(*add_pos2d) (g4_backend *be, float *x, const float *table, const int32_t *pos, int rows,
+							  int dim);
 } g4_backend_ops;
 
 struct g4_backend

@@ -157,6 +157,14 @@ append_media(const g4_tokenizer *tok, g4_buf *out, int begin, int soft, int end,
 	return 0;
 }
 
+int
+g4_chat_expand_media(const g4_tokenizer *tok, const g4_chat_ids *ids, int kind, int n, g4_buf *out)
+{
+	if (kind == G4_MEDIA_IMAGE)
+		return append_media(tok, out, ids->image_begin, ids->image_soft, ids->image_end, n, "");
+	return append_media(tok, out, ids->audio_begin, ids->audio_soft, ids->audio_end, n, "");
+}
+
 static int
 resolve(const g4_tokenizer *tok, const char *name, int required, int *id, g4_err *err)
 {

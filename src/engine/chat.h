@@ -19,6 +19,7 @@
 
 #include "engine.h"
 #include "tokenizer.h"
+#include "util.h"
 
 typedef enum
 {
@@ -42,5 +43,11 @@ int			g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids,
 						   const g4_message *msgs, int n_msgs, int enable_thinking,
 						   int add_generation_prompt,
 						   int32_t **out, int *n, int *cap, g4_err *err);
+
+/* Append a media item (kind: g4_media_kind) as the processor expands its
+ * placeholder: begin + n x soft token + end, as text.  Returns 0 or -1 (out
+ * of memory). */
+int			g4_chat_expand_media(const g4_tokenizer *tok, const g4_chat_ids *ids, int kind, int n,
+								 g4_buf *out);
 
 #endif

@@ -361,7 +361,9 @@ g4_submit(g4_engine *e, const g4_request *req, uint64_t *seq_id, g4_err *err)
 
 	if (!s)
 		return err->code;
-	rc = add_seq(e, s, seq_id, err);
+	rc = g4_seq_embed_media(e, s, err);
+	if (rc == G4_OK)
+		rc = add_seq(e, s, seq_id, err);
 	if (rc != G4_OK)
 		g4_seq_free(s);
 	return rc;
@@ -382,11 +384,12 @@ g4_submit_embeds(g4_engine *e, const g4_request *req, int n_embeds, const int32_
 	if (!s)
 		return err->code;
 	for (i = 0; i < n_embeds; i++)
-		if (embed_pos[i] < 0 || embed_pos[i] >= s->n_prompt)
+		if (embed_pos[i] < 0 || embed_pos[i] >= s->n_prompt || (i > 0 && embed_pos[i] <= embed_pos[i - 1]))
 		{
 			g4_seq_free(s);
-			return g4_fail(err, G4_ERR_INVALID, "embedding row %d targets position %d outside the prompt", i,
-						   embed_pos[i]);
+			return g4_fail(err, G4_ERR_INVALID,
+						   "embedding row %d targets position %d, outside the prompt or not after the previous row's",
+						   i, embed_pos[i]);
 		}
 	s->n_embeds = n_embeds;
 	if (n_embeds > 0)
@@ -403,8 +406,6 @@ g4_submit_embeds(g4_engine *e, const g4_request *req, int n_embeds, const int32_
 	}
 	if (mm_block)
 	{
-		int			run = 0;
-
 		s->mm_block = g4_malloc((size_t) s->n_prompt * sizeof(int32_t));
 		if (!s->mm_block)
 		{
@@ -412,16 +413,10 @@ g4_submit_embeds(g4_engine *e, const g4_request *req, int n_embeds, const int32_
 			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 		}
 		memcpy(s->mm_block, mm_block, (size_t) s->n_prompt * sizeof(int32_t));
-		/* a block must fit one step, since it is never split */
-		for (i = 0; i < s->n_prompt; i++)
+		if (g4_seq_check_blocks(e, s, err) != G4_OK)
 		{
-			run = (mm_block[i] >= 0 && i > 0 && mm_block[i - 1] == mm_block[i]) ? run + 1 : (mm_block[i] >= 0);
-			if (run > e->max_batched)
-			{
-				g4_seq_free(s);
-				return g4_fail(err, G4_ERR_INVALID,
-							   "a block of %d soft tokens exceeds max_num_batched_tokens (%d)", run, e->max_batched);
-			}
+			g4_seq_free(s);
+			return err->code;
 		}
 	}
 	rc = add_seq(e, s, seq_id, err);
@@ -702,6 +697,7 @@ g4_seqs_get(const g4_engine *e, g4_seq_info *out, int max)
 		o->submitted_at = s->t_submit;
 		o->first_token_at = s->t_first;
 		o->last_token_at = s->t_last;
+		o->media_tokens = s->n_embeds;
 	}
 	return n;
 }

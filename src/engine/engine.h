@@ -147,6 +147,20 @@ typedef enum
 	G4_INPUT_TOKENS = 2			/* token ids used verbatim */
 } g4_input_kind;
 
+/* ---- media (images and audio as raw file bytes) ---- */
+typedef enum
+{
+	G4_MEDIA_IMAGE = 0,			/* PNG, JPEG, WebP, GIF (first frame) */
+	G4_MEDIA_AUDIO = 1			/* WAV, FLAC, MP3, Ogg Vorbis */
+} g4_media_kind;
+
+typedef struct
+{
+	int			kind;			/* g4_media_kind */
+	const uint8_t *data;		/* the file's bytes */
+	size_t		len;
+} g4_media;
+
 typedef struct
 {
 	int			input_kind;		/* g4_input_kind */
@@ -162,6 +176,16 @@ typedef struct
 	const char *const *stop;	/* stop strings, may be NULL */
 	int			n_stop;
 	uint64_t	user_tag;		/* opaque, echoed in stats */
+
+	/* media: each <|image|> / <|audio|> in the prompt text (or image/audio
+	 * part of a message) takes the next item of its kind; with no placeholder at all
+	 * the items go before the text of the last user message (chat) or right
+	 * after BOS (raw text).  Each expands to begin + N soft tokens + end. */
+	const g4_media *media;		/* in prompt order, may be NULL */
+	int			n_media;
+	int			max_soft_tokens;	/* per image: 70/140/280/560/1120; 0 = engine default (280) */
+	int64_t		max_image_pixels;	/* decode limits; 0 = engine defaults */
+	double		max_audio_seconds;
 } g4_request;
 
 /* ---- events ---------------------------------------------------------- */
@@ -252,6 +276,11 @@ typedef struct
 	/* prefix caching */
 	uint64_t	prefix_query_tokens;	/* prompt tokens of admitted sequences */
 	uint64_t	prefix_hit_tokens;	/* of those, found computed in the cache (not prefilled) */
+	/* media */
+	uint64_t	images;			/* images decoded and embedded */
+	double		audio_seconds;	/* audio decoded and embedded */
+	double		media_decode_seconds;	/* decoding and preprocessing */
+	double		media_embed_seconds;	/* embedder forward passes */
 } g4_stats;
 
 typedef enum
@@ -273,6 +302,8 @@ typedef struct
 	double		submitted_at;	/* g4_now() clock */
 	double		first_token_at; /* 0 until the first token */
 	double		last_token_at;
+	/* media */
+	int			media_tokens;	/* image and audio soft tokens in the prompt */
 } g4_seq_info;
 
 /* ---- the engine ------------------------------------------------------ */

@@ -37,6 +37,10 @@ typedef struct g4_seq
 	int32_t    *embed_pos;		/* prompt positions taking a precomputed row */
 	float	   *embed_rows;		/* [n_embeds][hidden] */
 	int			n_embeds;
+	/* request media, preprocessed, until the embedders turn them into
+	 * embed_rows (in the order of embed_pos) */
+	struct g4_media_input *media_in;
+	int			n_media_in;
 
 	/* sampling */
 	g4_sampling samp;
@@ -132,6 +136,10 @@ int			g4_seq_append(g4_seq *s, int32_t id);
 int			g4_seq_emit_token(g4_engine *e, g4_seq *s, int32_t id, g4_event_fn fn, void *ctx);
 void		g4_seq_finish(g4_engine *e, g4_seq *s, int reason, g4_event_fn fn, void *ctx);
 void		g4_seq_fail(g4_engine *e, g4_seq *s, int code, const char *msg, g4_event_fn fn, void *ctx);
+/* Every bidirectional block must fit one step (blocks are never split). */
+int			g4_seq_check_blocks(const g4_engine *e, const g4_seq *s, g4_err *err);
+/* Run the embedders over the sequence's media (engine thread). */
+int			g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err);
 
 /* ---- schedule.c ---- */
 typedef struct
@@ -164,7 +172,8 @@ void		g4_release_slot(g4_engine *e, g4_seq *s);
 /* ---- test entry points ---- */
 
 /* Submit token ids with precomputed embedding rows at some prompt positions
- * (soft tokens) and the bidirectional block id of each prompt position. */
+ * (soft tokens; positions ascending) and the bidirectional block id of each
+ * prompt position. */
 int			g4_submit_embeds(g4_engine *e, const g4_request *req, int n_embeds,
 							 const int32_t *embed_pos, const float *embed_rows,
 							 const int32_t *mm_block, uint64_t *seq_id, g4_err *err);

@@ -26,6 +26,25 @@ typedef struct
 	g4_kv_layer kv;				/* this layer's view of the KV pool */
 } g4_layer;
 
+/* The vision embedder (model.vision_embedder.* / model.embed_vision.*):
+ * 6912 raw patch values -> LN -> Dense(+bias) -> LN -> + 2-D position table
+ * -> LN -> RMSNorm (no weight) -> Linear to the hidden size. */
+typedef struct
+{
+	int			dim;			/* mm_embed_dim */
+	int			n_pos;			/* positions per axis of the table */
+	float	   *ln1_w,
+			   *ln1_b;			/* device f32 [6912] */
+	g4_weight  *dense;			/* [dim][6912] */
+	float	   *dense_b;		/* device f32 [dim] */
+	float	   *ln2_w,
+			   *ln2_b,
+			   *pos_norm_w,
+			   *pos_norm_b;		/* device f32 [dim] */
+	float	   *pos_table;		/* device f32 [n_pos][2][dim] */
+	g4_weight  *proj;			/* [hidden][dim] */
+} g4_vision_embedder;
+
 typedef struct g4_model
 {
 	g4_model_config cfg;
@@ -35,6 +54,8 @@ typedef struct g4_model
 	float	   *inv_freq[2];	/* device, [head_dim/2] per attention type */
 	float		embed_scale;
 	g4_layer   *layers;
+	g4_vision_embedder *vision; /* NULL when the checkpoint has no vision embedder */
+	g4_weight  *audio_proj;		/* [hidden][640]; NULL without an audio embedder */
 	size_t		weight_bytes;	/* device bytes of all weights */
 	int64_t		n_params;
 	/* checkpoint sources kept open: CPU weights point into their mappings */
@@ -80,6 +101,11 @@ typedef struct
 	const int32_t *row_index;
 	const float *rows;			/* [n][hidden] */
 } g4_embed_rows;
+
+/* Soft-token rows of one preprocessed media item (media_embed.c):
+ * rows [in->n_tokens][hidden], host memory.  Engine thread only. */
+struct g4_media_input;
+int			g4_model_embed_media(g4_model *m, const struct g4_media_input *in, float *rows, g4_err *err);
 
 /* Run one step (metadata already described by meta) and leave the logits of
  * meta->logit_rows in ws->logits (device). */

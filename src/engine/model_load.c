@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "media.h"
 #include "model.h"
 #include "safetensors.h"
 #include "util.h"
@@ -404,6 +405,118 @@ load_embedding(loader *L, g4_err *err)
 	return create_weight(L, &hw, 1, &m->embed, err);
 }
 
+/* A float tensor of the checkpoint by full name, uploaded as f32. */
+static int
+st_upload_exact(loader *L, const char *name, int64_t n, float **dev, g4_err *err)
+{
+	const char *saved = L->prefix;
+	float	   *tmp = g4_malloc((size_t) n * sizeof(float));
+	int			rc;
+
+	if (!tmp)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	L->prefix = "";
+	rc = st_vector(L, name, n, tmp, err);
+	L->prefix = saved;
+	if (rc == G4_OK)
+		rc = upload_vector(L->m, tmp, n, dev, err);
+	free(tmp);
+	L->m->n_params += n;
+	return rc;
+}
+
+/* A dense linear by full name. */
+static int
+st_linear_exact(loader *L, const char *base, int64_t out, int64_t in, g4_weight **w, g4_err *err)
+{
+	const char *saved = L->prefix;
+	g4_host_weight hw;
+	int			rc;
+
+	L->prefix = "";
+	rc = st_linear(L, base, out, in, &hw, err);
+	L->prefix = saved;
+	if (rc == G4_OK)
+		rc = create_weight(L, &hw, 1, w, err);
+	return rc;
+}
+
+/*
+ * The multimodal embedders, under their on-disk names (spec 6.1): present
+ * in a Gemma 4 unified checkpoint, absent elsewhere (then media input is
+ * refused).  Their LayerNorms store plain weights (no +1).  Shapes are
+ * read from the tensors: mm_embed_dim and the position table size from
+ * model.vision_embedder.pos_embedding [n_pos][2][dim].
+ */
+static int
+load_media_embedders(loader *L, g4_err *err)
+{
+	g4_model   *m = L->m;
+	int64_t		H = m->cfg.hidden_size;
+	const g4_st_tensor *pe;
+	g4_vision_embedder *v;
+	int			rc = G4_OK;
+
+	if (!L->st)
+		return G4_OK;
+	if (g4_st_find(L->st, "model.embed_audio.embedding_projection.weight"))
+	{
+		rc = st_linear_exact(L, "model.embed_audio.embedding_projection", H, G4_AUDIO_FRAME, &m->audio_proj, err);
+		if (rc != G4_OK)
+			return rc;
+	}
+	pe = g4_st_find(L->st, "model.vision_embedder.pos_embedding");
+	if (!pe)
+		return G4_OK;
+	if (pe->ndim != 3 || pe->shape[1] != 2 || pe->shape[0] <= 0 || pe->shape[2] <= 0)
+		return g4_fail(err, G4_ERR_FORMAT, "model.vision_embedder.pos_embedding: expected [positions, 2, dim]");
+	v = m->vision = g4_calloc(1, sizeof(g4_vision_embedder));
+	if (!v)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	v->n_pos = (int) pe->shape[0];
+	v->dim = (int) pe->shape[2];
+#define VEC(name, n, dst) if (rc == G4_OK) rc = st_upload_exact(L, name, n, &(dst), err)
+	VEC("model.vision_embedder.patch_ln1.weight", G4_PATCH_DIM, v->ln1_w);
+	VEC("model.vision_embedder.patch_ln1.bias", G4_PATCH_DIM, v->ln1_b);
+	VEC("model.vision_embedder.patch_dense.bias", v->dim, v->dense_b);
+	VEC("model.vision_embedder.patch_ln2.weight", v->dim, v->ln2_w);
+	VEC("model.vision_embedder.patch_ln2.bias", v->dim, v->ln2_b);
+	VEC("model.vision_embedder.pos_norm.weight", v->dim, v->pos_norm_w);
+	VEC("model.vision_embedder.pos_norm.bias", v->dim, v->pos_norm_b);
+	VEC("model.vision_embedder.pos_embedding", (int64_t) v->n_pos * 2 * v->dim, v->pos_table);
+#undef VEC
+	if (rc == G4_OK)
+		rc = st_linear_exact(L, "model.vision_embedder.patch_dense", v->dim, G4_PATCH_DIM, &v->dense, err);
+	if (rc == G4_OK)
+		rc = st_linear_exact(L, "model.embed_vision.embedding_projection", H, v->dim, &v->proj, err);
+	return rc;
+}
+
+static void
+free_media_embedders(g4_model *m)
+{
+	g4_backend *be = m->be;
+	g4_vision_embedder *v = m->vision;
+
+	if (m->audio_proj)
+		be->ops->weight_destroy(be, m->audio_proj);
+	if (v)
+	{
+		float	   *vs[] = {v->ln1_w, v->ln1_b, v->dense_b, v->ln2_w, v->ln2_b, v->pos_norm_w, v->pos_norm_b,
+		v->pos_table};
+		size_t		k;
+
+		for (k = 0; k < G4_ARRAY_LEN(vs); k++)
+			if (vs[k])
+				be->ops->free(be, vs[k]);
+		if (v->dense)
+			be->ops->weight_destroy(be, v->dense);
+		if (v->proj)
+			be->ops->weight_destroy(be, v->proj);
+		free(v);
+	}
+}
+
 int
 g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose, g4_err *err)
 {
@@ -469,6 +582,8 @@ g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose, g4_
 	if (rc == G4_OK)
 		rc = load_norm(&L, "norm.weight", "output_norm.weight", m->cfg.hidden_size, &m->final_norm, err);
 	if (rc == G4_OK)
+		rc = load_media_embedders(&L, err);
+	if (rc == G4_OK)
 	{
 		m->layers = g4_calloc((size_t) m->cfg.n_layers, sizeof(g4_layer));
 		if (!m->layers)
@@ -529,6 +644,7 @@ g4_model_free(g4_model *m)
 	}
 	if (m->embed)
 		be->ops->weight_destroy(be, m->embed);
+	free_media_embedders(m);
 	if (m->final_norm)
 		be->ops->free(be, m->final_norm);
 	for (i = 0; i < 2; i++)

@@ -313,15 +313,21 @@ g4_schedule_meta(g4_engine *e, const g4_schedule *sc, g4_step_meta *meta, g4_emb
 			e->st_slot[row] = s->slot;
 			if (s->n_embeds > 0 && p < s->n_prompt)
 			{
-				int			j;
+				/* embed_pos is sorted: binary search for position p */
+				int			lo = 0,
+							hi = s->n_embeds;
 
-				/* embed_pos is sorted: find the row for position p */
-				for (j = 0; j < s->n_embeds; j++)
-					if (s->embed_pos[j] == p)
-					{
-						ev = j;
-						break;
-					}
+				while (lo < hi)
+				{
+					int			mid = (lo + hi) / 2;
+
+					if (s->embed_pos[mid] < p)
+						lo = mid + 1;
+					else
+						hi = mid;
+				}
+				if (lo < s->n_embeds && s->embed_pos[lo] == p)
+					ev = lo;
 			}
 			if (ev >= 0)
 			{

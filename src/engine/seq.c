@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "engine_internal.h"
+#include "media.h"
+#include "media_prompt.h"
 #include "util.h"
 
 int
@@ -40,6 +42,9 @@ g4_seq_free(g4_seq *s)
 	free(s->embed_pos);
 	free(s->embed_rows);
 	free(s->block_hash);
+	for (i = 0; i < s->n_media_in; i++)
+		g4_media_input_free(&s->media_in[i]);
+	free(s->media_in);
 	g4_detok_free(&s->detok);	/* a stream cut short may hold a byte run */
 	g4_hist_free(&s->hist);
 	g4_buf_free(&s->piece);
@@ -51,7 +56,7 @@ g4_seq_free(g4_seq *s)
 }
 
 static int
-build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
+tokenize_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 {
 	int			vocab = e->model->cfg.vocab_size;
 	int			i;
@@ -97,6 +102,112 @@ build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 	return g4_fail(err, G4_ERR_INVALID, "unknown input kind %d", req->input_kind);
 }
 
+/* Decode and preprocess the request's media, place them in the prompt,
+ * tokenise it, and find the soft-token positions.  No backend work. */
+static int
+build_media_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
+{
+	g4_media_limits lim;
+	g4_media_prompt placed;
+	int			n = req->n_media;
+	int			number[2] = {0, 0};
+	int			i,
+				rc;
+
+	if (n < 0 || !req->media)
+		return g4_fail(err, G4_ERR_INVALID, "n_media is %d but the media list is %s", n, req->media ? "set" : "NULL");
+	if ((rc = g4_media_limits_from_request(req, &lim, err)) != G4_OK)
+		return rc;
+	for (i = 0; i < n; i++)
+	{
+		int			kind = req->media[i].kind;
+
+		if (kind != G4_MEDIA_IMAGE && kind != G4_MEDIA_AUDIO)
+			return g4_fail(err, G4_ERR_INVALID, "media item %d has an unknown kind %d", i + 1, kind);
+		number[kind]++;
+		if (kind == G4_MEDIA_IMAGE && (!e->model->vision || !e->chat_ok || e->chat.image_soft < 0))
+			return g4_fail(err, G4_ERR_UNSUPPORTED, "image %d: this model takes no image input", number[kind]);
+		if (kind == G4_MEDIA_AUDIO && (!e->model->audio_proj || !e->chat_ok || e->chat.audio_soft < 0))
+			return g4_fail(err, G4_ERR_UNSUPPORTED, "audio %d: this model takes no audio input", number[kind]);
+	}
+	s->media_in = g4_calloc((size_t) n, sizeof(g4_media_input));
+	if (!s->media_in)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	number[0] = number[1] = 0;
+	for (i = 0; i < n; i++)
+	{
+		int			kind = req->media[i].kind;
+
+		if ((rc = g4_media_prepare(&req->media[i], ++number[kind], &lim, &s->media_in[i], err)) != G4_OK)
+			return rc;
+		s->n_media_in = i + 1;
+	}
+	if ((rc = g4_media_place(e->tok, &e->chat, req, s->media_in, n, &placed, err)) != G4_OK)
+		return rc;
+	rc = tokenize_prompt(e, s, &placed.req, err);
+	g4_media_prompt_free(&placed);
+	if (rc != G4_OK)
+		return rc;
+	return g4_media_locate(&e->chat, s->tok, s->n_tok, s->media_in, n, &s->embed_pos, &s->n_embeds, &s->mm_block,
+						   err);
+}
+
+static int
+build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
+{
+	if (req->n_media != 0)
+		return build_media_prompt(e, s, req, err);
+	return tokenize_prompt(e, s, req, err);
+}
+
+int
+g4_seq_check_blocks(const g4_engine *e, const g4_seq *s, g4_err *err)
+{
+	int			run = 0,
+				i;
+
+	for (i = 0; s->mm_block && i < s->n_prompt; i++)
+	{
+		run = (s->mm_block[i] >= 0 && i > 0 && s->mm_block[i - 1] == s->mm_block[i]) ? run + 1 : (s->mm_block[i] >= 0);
+		if (run > e->max_batched)
+			return g4_fail(err, G4_ERR_INVALID,
+						   "an image of %d soft tokens exceeds max_num_batched_tokens (%d): lower max_soft_tokens "
+						   "or raise max_num_batched_tokens", run, e->max_batched);
+	}
+	return G4_OK;
+}
+
+int
+g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err)
+{
+	size_t		H = (size_t) e->model->cfg.hidden_size;
+	double		t0 = g4_now();
+	int			i,
+				rc;
+
+	if (s->n_media_in == 0)
+		return G4_OK;
+	s->embed_rows = g4_malloc((size_t) G4_MAX(s->n_embeds, 1) * H * sizeof(float));
+	if (!s->embed_rows)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory for %d soft-token rows", s->n_embeds);
+	for (i = 0; i < s->n_media_in; i++)
+	{
+		g4_media_input *in = &s->media_in[i];
+
+		if ((rc = g4_model_embed_media(e->model, in, s->embed_rows + (size_t) in->row_offset * H, err)) != G4_OK)
+			return g4_fail_ctx(err, "%s %d", in->kind == G4_MEDIA_IMAGE ? "image" : "audio", i + 1);
+		e->stats.images += in->kind == G4_MEDIA_IMAGE;
+		e->stats.audio_seconds += in->seconds;
+		e->stats.media_decode_seconds += in->decode_seconds;
+		g4_media_input_free(in);
+	}
+	free(s->media_in);
+	s->media_in = NULL;
+	s->n_media_in = 0;
+	e->stats.media_embed_seconds += g4_now() - t0;
+	return G4_OK;
+}
+
 g4_seq *
 g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
 {
@@ -118,6 +229,11 @@ g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
 		return NULL;
 	}
 	s->n_prompt = s->n_tok;
+	if (g4_seq_check_blocks(e, s, err) != G4_OK)
+	{
+		g4_seq_free(s);
+		return NULL;
+	}
 	if (s->n_prompt >= window)
 	{
 		g4_fail(err, G4_ERR_TOO_LONG,

@@ -31,9 +31,9 @@ PG_FUNCTION_INFO_V1(gemma_kv_pool);
 PG_FUNCTION_INFO_V1(gemma_requests);
 PG_FUNCTION_INFO_V1(gemma_wait_ready);
 
-#define GEMMA_STATS_COLS	32
+#define GEMMA_STATS_COLS	36
 #define GEMMA_KV_POOL_COLS	16
-#define GEMMA_REQUESTS_COLS 10
+#define GEMMA_REQUESTS_COLS 11
 
 /* A consistent copy of what the views show. */
 typedef struct G4Snapshot
@@ -196,6 +196,11 @@ gemma_stats(PG_FUNCTION_ARGS)
 	i++;
 	/* prefix caching */
 	values[i++] = Int64GetDatum((int64) (s.base.prefix_hit_tokens + s.stats.prefix_hit_tokens));
+	/* media */
+	values[i++] = Int64GetDatum((int64) (s.base.images + s.stats.images));
+	values[i++] = Float8GetDatum(s.base.audio_seconds + s.stats.audio_seconds);
+	values[i++] = Float8GetDatum(s.base.media_decode_seconds + s.stats.media_decode_seconds);
+	values[i++] = Float8GetDatum(s.base.media_embed_seconds + s.stats.media_embed_seconds);
 	Assert(i == GEMMA_STATS_COLS);
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	return (Datum) 0;
@@ -351,6 +356,12 @@ gemma_requests(PG_FUNCTION_ARGS)
 		c++;
 		if (sq && sq->tokens_per_second >= 0)
 			values[c] = Float8GetDatum(sq->tokens_per_second);
+		else
+			nulls[c] = true;
+		c++;
+		/* media */
+		if (sq)
+			values[c] = Int32GetDatum(sq->media_tokens);
 		else
 			nulls[c] = true;
 		c++;

@@ -452,6 +452,10 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 	uint32		prompt_len = 0;
 	int32_t    *ids = NULL;
 	int			n_ids = 0;
+	g4_media   *media = NULL;
+	int			n_media = 0;
+	g4_content_part *parts = NULL;
+	int			n_parts = 0;
 	g4_err		err;
 
 	if (len < sizeof(wr))
@@ -472,7 +476,9 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 	}
 	msgs = calloc((size_t) n_items + 1, sizeof(g4_message));
 	stops = calloc((size_t) n_items + 1, sizeof(char *));
-	if (msgs == NULL || stops == NULL)
+	media = calloc((size_t) n_items + 1, sizeof(g4_media));
+	parts = calloc((size_t) n_items + 1, sizeof(g4_content_part));
+	if (msgs == NULL || stops == NULL || media == NULL || parts == NULL)
 		out_of_memory(ep);
 	pos = body + sizeof(wr);
 	while (pos < end && g4p_item_next(&pos, end, &tag, &data, &dlen))
@@ -492,6 +498,37 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 				break;
 			case G4_ITEM_STOP:
 				stops[n_stops++] = data;
+				break;
+			case G4_ITEM_IMAGE:
+			case G4_ITEM_AUDIO:
+				media[n_media].kind = tag == G4_ITEM_IMAGE ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO;
+				media[n_media].data = (const uint8_t *) data;
+				media[n_media].len = dlen;
+				n_media++;
+				break;
+			case G4_ITEM_PART_TEXT:
+			case G4_ITEM_PART_IMAGE:
+			case G4_ITEM_PART_AUDIO:
+				/* parts of a message follow it, so they are contiguous */
+				if (n_msgs == 0)
+					_exit(EXIT_PROTOCOL);
+				if (msgs[n_msgs - 1].parts == NULL)
+					msgs[n_msgs - 1].parts = &parts[n_parts];
+				msgs[n_msgs - 1].n_parts++;
+				if (tag == G4_ITEM_PART_TEXT)
+				{
+					parts[n_parts].kind = G4_PART_TEXT;
+					parts[n_parts].text = data;
+				}
+				else
+				{
+					parts[n_parts].kind = tag == G4_ITEM_PART_IMAGE ? G4_PART_IMAGE : G4_PART_AUDIO;
+					media[n_media].kind = tag == G4_ITEM_PART_IMAGE ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO;
+					media[n_media].data = (const uint8_t *) data;
+					media[n_media].len = dlen;
+					n_media++;
+				}
+				n_parts++;
 				break;
 			case G4_ITEM_IDS:
 				/* the bytes may be unaligned: copy them */
@@ -535,6 +572,11 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 				req.stop = n_stops > 0 ? stops : NULL;
 				req.n_stop = n_stops;
 				req.user_tag = wr.request_id;
+				req.media = n_media > 0 ? media : NULL;
+				req.n_media = n_media;
+				req.max_soft_tokens = wr.max_soft_tokens;
+				req.max_image_pixels = wr.max_image_pixels;
+				req.max_audio_seconds = wr.max_audio_seconds;
 				if (ep->api.submit(ep->e, &req, &seq_id, &err) != G4_OK)
 					send_error(ep, wr.request_id, &err);
 				else if (!map_add(ep, seq_id, wr.request_id))
@@ -590,6 +632,8 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 	free(ids);
 	free(msgs);
 	free(stops);
+	free(media);
+	free(parts);
 }
 
 /* Cancel a request's sequence; its KV blocks are free when this returns. */
@@ -733,6 +777,10 @@ send_stats(EngineProc *ep)
 	w.spec_accepted = st.spec_accepted;
 	w.preemptions = st.preemptions;
 	w.prefix_hit_tokens = st.prefix_hit_tokens;
+	w.images = st.images;
+	w.audio_seconds = st.audio_seconds;
+	w.media_decode_seconds = st.media_decode_seconds;
+	w.media_embed_seconds = st.media_embed_seconds;
 	w.n_seqs = n;
 	for (i = 0; i < n; i++)
 	{
@@ -743,6 +791,7 @@ send_stats(EngineProc *ep)
 		o->state = s->state;
 		o->prompt_tokens = s->prompt_tokens;
 		o->generated_tokens = s->generated_tokens;
+		o->media_tokens = s->media_tokens;
 		o->kv_blocks = s->kv_blocks;
 		o->ttft = s->first_token_at > 0 ? s->first_token_at - s->submitted_at : -1.0;
 		o->tokens_per_second = (s->generated_tokens > 1 && s->last_token_at > s->first_token_at) ?

@@ -59,6 +59,10 @@ extern int	g4_default_max_tokens;
 extern int	g4_request_timeout;
 /* prefix caching */
 extern bool g4_enable_prefix_caching;
+/* media */
+extern int	g4_max_soft_tokens;
+extern int	g4_max_image_pixels;
+extern double g4_max_audio_seconds;
 
 /* ---- request kinds and wire structures ---------------------------------- */
 
@@ -77,6 +81,14 @@ typedef enum G4RequestKind
 #define G4_ITEM_PROMPT		16	/* raw prompt, or text to tokenize */
 #define G4_ITEM_STOP		17	/* one stop string */
 #define G4_ITEM_IDS			18	/* int32 token ids to detokenize */
+/* media: raw file bytes, in prompt order.  A PART item is a content part of
+ * the last message item (sent with empty content); a media part carries its
+ * bytes and is also the next media item. */
+#define G4_ITEM_IMAGE		19
+#define G4_ITEM_AUDIO		20
+#define G4_ITEM_PART_TEXT	21
+#define G4_ITEM_PART_IMAGE	22
+#define G4_ITEM_PART_AUDIO	23
 
 /* What a request asks for; lives in the DSM header and in SUBMIT frames. */
 typedef struct G4WireRequest
@@ -95,6 +107,10 @@ typedef struct G4WireRequest
 	uint64		seed;
 	int32		thinking;
 	uint32		items_len;		/* bytes of payload items that follow */
+	/* media */
+	int32		max_soft_tokens;
+	int64		max_image_pixels;
+	double		max_audio_seconds;
 } G4WireRequest;
 
 #define G4_MSG_LEN 1024
@@ -175,6 +191,11 @@ typedef struct G4WireStats
 	uint64		preemptions;
 	/* prefix caching */
 	uint64		prefix_hit_tokens;	/* prompt tokens found computed, not prefilled */
+	/* media */
+	uint64		images;
+	double		audio_seconds;
+	double		media_decode_seconds;
+	double		media_embed_seconds;
 	int32		n_seqs;			/* G4WireSeq entries following in the frame */
 } G4WireStats;
 
@@ -188,6 +209,7 @@ typedef struct G4WireSeq
 	int32		kv_blocks;
 	double		ttft;			/* seconds to first token, < 0 if none yet */
 	double		tokens_per_second;	/* decode rate, < 0 if unknown */
+	int32		media_tokens;	/* image and audio soft tokens of the prompt */
 } G4WireSeq;
 
 /* Frame types.  S: supervisor to engine process, E: the other way. */

@@ -69,7 +69,8 @@ typedef struct G4ArgPos
 	int			stop;
 } G4ArgPos;
 
-/* gemma_generate(prompt, images, audio, max_tokens, temperature, top_p, top_k, seed, stop, system) */
+/* gemma_generate(prompt, images, audio, max_tokens, temperature, top_p, top_k, seed, stop, system,
+ * max_soft_tokens) */
 static const G4ArgPos generate_args = {3, 4, 5, 6, 7, 8};
 
 /* gemma_complete(prompt, max_tokens, temperature, top_p, top_k, seed, stop),
@@ -77,6 +78,8 @@ static const G4ArgPos generate_args = {3, 4, 5, 6, 7, 8};
 static const G4ArgPos complete_args = {1, 2, 3, 4, 5, 6};
 
 static void build_init(G4Build *b, G4RequestKind kind);
+static void set_max_soft_tokens(G4Build *b, int64 v);
+static void add_media_array(G4Build *b, ArrayType *arr, int32 tag, const char *what);
 static void build_finish(G4Build *b, int window);
 static void add_item(G4Build *b, int32 tag, const char *data, Size len);
 static void add_text_item(G4Build *b, int32 tag, const char *str);
@@ -108,7 +111,56 @@ build_init(G4Build *b, G4RequestKind kind)
 	b->req.repetition_penalty = 1.0f;
 	b->req.presence_penalty = 0.0f;
 	b->req.frequency_penalty = 0.0f;
+	b->req.max_soft_tokens = g4_max_soft_tokens;
+	b->req.max_image_pixels = g4_max_image_pixels;
+	b->req.max_audio_seconds = g4_max_audio_seconds;
 	initStringInfo(&b->items);
+}
+
+/* ---- media ---- */
+
+static void
+set_max_soft_tokens(G4Build *b, int64 v)
+{
+	if (v != 70 && v != 140 && v != 280 && v != 560 && v != 1120)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_soft_tokens must be 70, 140, 280, 560 or 1120"),
+				 errhint("Pass NULL to use gemma4.max_soft_tokens.")));
+	b->req.max_soft_tokens = (int32) v;
+}
+
+/* One media file as a payload item; an empty one is the engine's to refuse
+ * (it names the element), a NULL one is refused here. */
+static void
+add_media(G4Build *b, bytea *data, int32 tag)
+{
+	add_item(b, tag, VARDATA_ANY(data), VARSIZE_ANY_EXHDR(data));
+}
+
+/* A bytea[] of media files, in order. */
+static void
+add_media_array(G4Build *b, ArrayType *arr, int32 tag, const char *what)
+{
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+	int			i;
+
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s must be a one-dimensional array", what)));
+	deconstruct_array(arr, BYTEAOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
+	for (i = 0; i < n; i++)
+	{
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s[%d] is null", what, i + 1),
+					 errhint("Leave the element out, or pass NULL for the whole array.")));
+		add_media(b, DatumGetByteaPP(elems[i]), tag);
+	}
 }
 
 /* Check max_tokens against the context window of the loaded model. */
@@ -285,17 +337,15 @@ build_generate(G4Build *b, FunctionCallInfo fcinfo, int *window)
 	g4_require_shared();
 	prompt = prompt_arg(fcinfo);
 
-	if (!PG_ARGISNULL(1))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("image input is not supported yet"),
-				 errhint("Pass NULL for images.")));
-	if (!PG_ARGISNULL(2))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("audio input is not supported yet"),
-				 errhint("Pass NULL for audio.")));
 	build_init(b, G4_KIND_CHAT);
+	/* images, then audio: the prompt's placeholders take them in that
+	 * order; without placeholders they go before the prompt's text */
+	if (!PG_ARGISNULL(1))
+		add_media_array(b, PG_GETARG_ARRAYTYPE_P(1), G4_ITEM_IMAGE, "images");
+	if (!PG_ARGISNULL(2))
+		add_media_array(b, PG_GETARG_ARRAYTYPE_P(2), G4_ITEM_AUDIO, "audio");
+	if (PG_NARGS() > 10 && !PG_ARGISNULL(10))
+		set_max_soft_tokens(b, PG_GETARG_INT32(10));
 	if (!PG_ARGISNULL(9))
 	{
 		char	   *system = text_to_cstring(PG_GETARG_TEXT_PP(9));
@@ -447,6 +497,28 @@ gemma_complete_stream(PG_FUNCTION_ARGS)
 	return stream_rows(fcinfo, true);
 }
 
+/* A batch's media array aligned with its n prompts, or NULL. */
+static void
+media_arg(FunctionCallInfo fcinfo, int argno, int n, Oid type, Datum **elems, bool **nulls, const char *what)
+{
+	ArrayType  *arr;
+	int			m;
+
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return;
+	arr = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s must be a one-dimensional array", what)));
+	deconstruct_array(arr, type, -1, false, TYPALIGN_INT, elems, nulls, &m);
+	if (m != n)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s has %d elements but prompts has %d", what, m, n),
+				 errhint("Pass one element per prompt, NULL where a prompt has none.")));
+}
+
 /*
  * Batches: one call, many prompts, all in flight together so the engine runs
  * them in the same forward passes (a table job: SELECT or UPDATE over
@@ -465,6 +537,10 @@ batch_rows(FunctionCallInfo fcinfo, bool chat)
 	bool	   *out_null;
 	G4Request **reqs;
 	char	   *system = NULL;
+	Datum	   *images = NULL,
+			   *audio = NULL;
+	bool	   *image_nulls = NULL,
+			   *audio_nulls = NULL;
 	int			window;
 	int			limit = Max(1, g4_max_requests / 2);
 	int			in_flight = 0;
@@ -496,6 +572,12 @@ batch_rows(FunctionCallInfo fcinfo, bool chat)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("prompt %d of the batch is empty", i + 1)));
+	if (chat)
+	{
+		/* one image and one audio clip per prompt (NULL: none), aligned */
+		media_arg(fcinfo, 8, n, BYTEAOID, &images, &image_nulls, "images");
+		media_arg(fcinfo, 9, n, BYTEAOID, &audio, &audio_nulls, "audio");
+	}
 	window = g4_require_ready();
 	out = palloc0(sizeof(Datum) * Max(n, 1));
 	out_null = palloc0(sizeof(bool) * Max(n, 1));
@@ -523,6 +605,12 @@ batch_rows(FunctionCallInfo fcinfo, bool chat)
 			build_init(&b, chat ? G4_KIND_CHAT : G4_KIND_TEXT);
 			if (system)
 				add_text_item(&b, G4_ITEM_SYSTEM, system);
+			if (images && !image_nulls[i])
+				add_media(&b, DatumGetByteaPP(images[i]), G4_ITEM_IMAGE);
+			if (audio && !audio_nulls[i])
+				add_media(&b, DatumGetByteaPP(audio[i]), G4_ITEM_AUDIO);
+			if (chat && !PG_ARGISNULL(10))
+				set_max_soft_tokens(&b, PG_GETARG_INT32(10));
 			add_text_item(&b, chat ? G4_ITEM_USER : G4_ITEM_PROMPT, TextDatumGetCString(elems[i]));
 			args_from_call(&b, fcinfo, &complete_args);
 			build_finish(&b, window);
@@ -610,8 +698,86 @@ json_ranged(const JsonbValue *v, const char *key, double min, double max)
 }
 
 /*
- * messages: a non-empty array of {"role": ..., "content": "..."} objects,
- * roles system (first message only), user, assistant (or model).
+ * A content array: text parts {"type": "text", "text": "..."} and media
+ * parts {"type": "image" | "audio", "data": "<base64 of the file>"}, sent
+ * after the message item as PART items.  Media parts are numbered by kind
+ * over the whole conversation, as the engine names them in its errors.
+ */
+static void
+add_content_parts(G4Build *b, JsonbContainer *parts, int idx)
+{
+	JsonbIterator *it = JsonbIteratorInit(parts);
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			k = 0;
+
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		JsonbIterator *pit;
+		JsonbValue	pk;
+		JsonbValue	pv;
+		char	   *type = NULL;
+		char	   *text = NULL;
+		char	   *data = NULL;
+		int			data_len = 0;
+
+		if (tok != WJB_ELEM)
+			continue;
+		k++;
+		if (v.type != jbvBinary || !JsonContainerIsObject(v.val.binary.data))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("content part %d of message %d must be a JSON object", k, idx)));
+		pit = JsonbIteratorInit(v.val.binary.data);
+		while ((tok = JsonbIteratorNext(&pit, &pk, true)) != WJB_DONE)
+		{
+			char	   *key;
+
+			if (tok != WJB_KEY)
+				continue;
+			key = json_string(&pk);
+			tok = JsonbIteratorNext(&pit, &pv, true);
+			if (pv.type != jbvString)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("\"%s\" of content part %d of message %d must be a string", key, k, idx)));
+			if (strcmp(key, "type") == 0)
+				type = json_string(&pv);
+			else if (strcmp(key, "text") == 0)
+				text = json_string(&pv);
+			else if (strcmp(key, "data") == 0)
+			{
+				data = pv.val.string.val;
+				data_len = pv.val.string.len;
+			}
+			else
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("content part %d of message %d has an unrecognized key \"%s\"", k, idx, key),
+						 errhint("A part is {\"type\": \"text\", \"text\": ...} or {\"type\": \"image\" or \"audio\", \"data\": base64}.")));
+		}
+		if (type && strcmp(type, "text") == 0 && text)
+			add_text_item(b, G4_ITEM_PART_TEXT, text);
+		else if (type && (strcmp(type, "image") == 0 || strcmp(type, "audio") == 0) && data)
+		{
+			bytea	   *raw = DatumGetByteaPP(DirectFunctionCall2(binary_decode,
+																  PointerGetDatum(cstring_to_text_with_len(data, data_len)),
+																  PointerGetDatum(cstring_to_text("base64"))));
+
+			add_media(b, raw, strcmp(type, "image") == 0 ? G4_ITEM_PART_IMAGE : G4_ITEM_PART_AUDIO);
+		}
+		else
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("content part %d of message %d is not a text, image or audio part", k, idx),
+					 errhint("A part is {\"type\": \"text\", \"text\": ...} or {\"type\": \"image\" or \"audio\", \"data\": base64}.")));
+	}
+}
+
+/*
+ * messages: a non-empty array of {"role": ..., "content": ...} objects,
+ * roles system (first message only), user, assistant (or model); content
+ * is a string or an array of content parts (add_content_parts).
  */
 static void
 parse_messages(G4Build *b, Jsonb *messages)
@@ -640,6 +806,7 @@ parse_messages(G4Build *b, Jsonb *messages)
 		JsonbIteratorToken mtok;
 		char	   *role = NULL;
 		char	   *content = NULL;
+		JsonbContainer *parts = NULL;
 		int32		tag;
 
 		if (tok != WJB_ELEM)
@@ -671,11 +838,17 @@ parse_messages(G4Build *b, Jsonb *messages)
 			}
 			else if (strcmp(key, "content") == 0)
 			{
-				if (mv.type != jbvString)
+				if (mv.type == jbvBinary && JsonContainerIsArray(mv.val.binary.data))
+				{
+					parts = mv.val.binary.data;
+					content = "";
+				}
+				else if (mv.type != jbvString)
 					ereport(ERROR,
 							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-							 errmsg("content of message %d must be a string", idx)));
-				content = json_string(&mv);
+							 errmsg("content of message %d must be a string or an array of content parts", idx)));
+				else
+					content = json_string(&mv);
 			}
 			else
 				ereport(ERROR,
@@ -710,6 +883,14 @@ parse_messages(G4Build *b, Jsonb *messages)
 					 errmsg("message %d has an unknown role \"%s\"", idx, role),
 					 errhint("Use \"system\", \"user\" or \"assistant\".")));
 		add_text_item(b, tag, content);
+		if (parts)
+		{
+			if (tag == G4_ITEM_SYSTEM)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("the system message must be a string")));
+			add_content_parts(b, parts, idx);
+		}
 	}
 }
 
@@ -752,6 +933,8 @@ parse_options(G4Build *b, Jsonb *options)
 			set_top_k(b, json_integer(&v, key, PG_INT64_MIN, INT_MAX));
 		else if (strcmp(key, "seed") == 0)
 			set_seed(b, json_integer(&v, key, PG_INT64_MIN, PG_INT64_MAX));
+		else if (strcmp(key, "max_soft_tokens") == 0)
+			set_max_soft_tokens(b, json_integer(&v, key, PG_INT64_MIN, PG_INT64_MAX));
 		else if (strcmp(key, "min_p") == 0)
 			b->req.min_p = json_ranged(&v, key, 0.0, 1.0);
 		else if (strcmp(key, "repetition_penalty") == 0)
@@ -806,7 +989,7 @@ parse_options(G4Build *b, Jsonb *options)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("unrecognized gemma_chat option \"%s\"", key),
-					 errhint("Valid options are max_tokens, temperature, top_p, top_k, min_p, seed, stop, thinking, repetition_penalty, presence_penalty and frequency_penalty.")));
+					 errhint("Valid options are max_tokens, temperature, top_p, top_k, min_p, seed, stop, thinking, repetition_penalty, presence_penalty, frequency_penalty and max_soft_tokens.")));
 	}
 }
 

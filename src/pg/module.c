@@ -44,6 +44,9 @@ int			g4_default_max_tokens = 0;
 int			g4_request_timeout = 0;
 /* prefix caching */
 bool		g4_enable_prefix_caching = true;
+int			g4_max_soft_tokens = 280;
+int			g4_max_image_pixels = 89478485;
+double		g4_max_audio_seconds = 600.0;
 
 static const struct config_enum_entry kv_cache_dtype_options[] = {
 	{"bf16", G4_KV_BF16, false},
@@ -62,6 +65,7 @@ static const struct config_enum_entry backend_options[] = {
 void		_PG_init(void);
 
 static void define_session_gucs(void);
+static bool check_soft_tokens(int *newval, void **extra, GucSource source);
 static void define_server_gucs(void);
 static void register_supervisor(void);
 
@@ -108,6 +112,40 @@ define_session_gucs(void)
 							0, 0, INT_MAX,
 							PGC_USERSET, GUC_UNIT_MS,
 							NULL, NULL, NULL);
+
+	/* media */
+	DefineCustomIntVariable("gemma4.max_soft_tokens",
+							"Soft tokens per image when a call passes no max_soft_tokens.",
+							"One of 70, 140, 280, 560 or 1120; images are resized to fill this budget.",
+							&g4_max_soft_tokens,
+							280, 70, 1120,
+							PGC_USERSET, 0,
+							check_soft_tokens, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.max_image_pixels",
+							"Largest image (width times height, from its header) a call may pass.",
+							"Larger images are refused before they are decoded.",
+							&g4_max_image_pixels,
+							89478485, 1, INT_MAX,
+							PGC_USERSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomRealVariable("gemma4.max_audio_seconds",
+							 "Longest audio clip a call may pass.",
+							 "Longer clips are refused (from the header when it gives the length).",
+							 &g4_max_audio_seconds,
+							 600.0, 0.04, 86400.0,
+							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
+}
+
+static bool
+check_soft_tokens(int *newval, void **extra, GucSource source)
+{
+	if (*newval == 70 || *newval == 140 || *newval == 280 || *newval == 560 || *newval == 1120)
+		return true;
+	GUC_check_errdetail("gemma4.max_soft_tokens must be 70, 140, 280, 560 or 1120.");
+	return false;
 }
 
 static void

@@ -574,6 +574,10 @@ engine_exited(int status)
 		b->spec_accepted += s->spec_accepted;
 		b->preemptions += s->preemptions;
 		b->prefix_hit_tokens += s->prefix_hit_tokens;
+		b->images += s->images;
+		b->audio_seconds += s->audio_seconds;
+		b->media_decode_seconds += s->media_decode_seconds;
+		b->media_embed_seconds += s->media_embed_seconds;
 	}
 	g4_shared->have_stats = false;
 	g4_shared->n_seqs = 0;

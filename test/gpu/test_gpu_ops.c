@@ -28,6 +28,9 @@
 
 #include "backend.h"
 #include "config.h"
+#include "harness.h"
+#include "media.h"
+#include "model.h"
 #include "quant.h"
 #include "sampler.h"
 #include "test.h"
@@ -1548,4 +1551,153 @@ G4_TEST(gpu_zz_parity_summary)
 	if (cpu_be)
 		cpu_be->ops->destroy(cpu_be);
 	gpu_be = cpu_be = NULL;
+}
+
+/* ---- media embedders ------------------------------------------------------------------ */
+
+G4_TEST(gpu_media_embed_ops)
+{
+	static const int shapes[][2] = {{1, 6912}, {280, 6912}, {64, 3840}, {5, 32}, {3, 5002}};
+	const int	n_pos = 1120;
+	size_t		s;
+	g4_err		err;
+
+	NEED_GPU();
+	reseed(41);
+	for (s = 0; s < G4_ARRAY_LEN(shapes); s++)
+	{
+		int			rows = shapes[s][0],
+					dim = shapes[s][1];
+		size_t		n = (size_t) rows * (size_t) dim;
+		size_t		nt = (size_t) n_pos * 2 * (size_t) dim;
+		float	   *x = malloc(n * 4),
+				   *w = malloc((size_t) dim * 4),
+				   *b = malloc((size_t) dim * 4),
+				   *table = malloc(nt * 4),
+				   *yc = malloc(n * 4),
+				   *yg = malloc(n * 4);
+		int32_t    *pos = malloc((size_t) rows * 2 * sizeof(int32_t));
+		float	   *dx,
+				   *dw,
+				   *db,
+				   *dt,
+				   *dy;
+		int32_t    *dp;
+		char		label[96];
+		int			r,
+					inplace;
+
+		fill_normal(x, n, 2.0f);
+		for (r = 0; r < 8 && (size_t) r < n; r++)
+			x[r] += 40.0f;		/* an offset mean: the variance must not cancel */
+		fill_normal(w, (size_t) dim, 1.0f);
+		fill_normal(b, (size_t) dim, 0.3f);
+		fill_normal(table, nt, 0.02f);
+		for (r = 0; r < rows; r++)
+		{
+			/* the last row is padding (-1, -1), one more has only x */
+			pos[2 * r] = r == rows - 1 && rows > 1 ? -1 : (int32_t) (rnd() % n_pos);
+			pos[2 * r + 1] = (r == rows - 1 && rows > 1) || r == 1 ? -1 : (int32_t) (rnd() % n_pos);
+		}
+		dx = gpu_copy(x, n * 4);
+		dw = gpu_copy(w, (size_t) dim * 4);
+		db = gpu_copy(b, (size_t) dim * 4);
+		dt = gpu_copy(table, nt * 4);
+		dp = gpu_copy(pos, (size_t) rows * 2 * sizeof(int32_t));
+		dy = gpu_alloc(n * 4);
+		for (inplace = 0; inplace < 2; inplace++)
+		{
+			if (inplace)
+			{
+				memcpy(yc, x, n * 4);
+				CHECK_OK(cpu_be->ops->layernorm(cpu_be, yc, w, b, rows, dim, 1e-5f, yc), &err);
+				gpu_be->ops->upload(gpu_be, dy, x, n * 4);
+				CHECK_OK(gpu_be->ops->layernorm(gpu_be, dy, dw, db, rows, dim, 1e-5f, dy), &err);
+			}
+			else
+			{
+				CHECK_OK(cpu_be->ops->layernorm(cpu_be, x, w, b, rows, dim, 1e-5f, yc), &err);
+				CHECK_OK(gpu_be->ops->layernorm(gpu_be, dx, dw, db, rows, dim, 1e-5f, dy), &err);
+			}
+			gpu_get(yg, dy, n * 4);
+			snprintf(label, sizeof(label), "rows=%d dim=%d%s", rows, dim, inplace ? " in place" : "");
+			report("layernorm", label, max_rel(yg, yc, n), 2e-6);
+		}
+		/* bias and position table: elementwise, identical roundings */
+		memcpy(yc, x, n * 4);
+		CHECK_OK(cpu_be->ops->add_bias(cpu_be, yc, b, rows, dim), &err);
+		CHECK_OK(cpu_be->ops->add_pos2d(cpu_be, yc, table, pos, rows, dim), &err);
+		gpu_be->ops->upload(gpu_be, dy, x, n * 4);
+		CHECK_OK(gpu_be->ops->add_bias(gpu_be, dy, db, rows, dim), &err);
+		CHECK_OK(gpu_be->ops->add_pos2d(gpu_be, dy, dt, dp, rows, dim), &err);
+		gpu_get(yg, dy, n * 4);
+		snprintf(label, sizeof(label), "rows=%d dim=%d bias + positions", rows, dim);
+		report("add_bias_pos2d", label, max_rel(yg, yc, n), 0.0);
+		gpu_be->ops->free(gpu_be, dx);
+		gpu_be->ops->free(gpu_be, dw);
+		gpu_be->ops->free(gpu_be, db);
+		gpu_be->ops->free(gpu_be, dt);
+		gpu_be->ops->free(gpu_be, dp);
+		gpu_be->ops->free(gpu_be, dy);
+		free(x);
+		free(w);
+		free(b);
+		free(table);
+		free(yc);
+		free(yg);
+		free(pos);
+	}
+}
+
+/* The whole embedders of the fixture model on both backends, from a real
+ * image and audio clip of test/fixtures/media. */
+G4_TEST(gpu_media_embedders)
+{
+	static const struct
+	{
+		const char *file;
+		int			kind;
+	}			items[] = {{"photo_640x480.jpg", G4_MEDIA_IMAGE}, {"pcm16_16k_mono.wav", G4_MEDIA_AUDIO}};
+	const char *model = h_fixture_model();
+	g4_model   *mc = NULL,
+			   *mg = NULL;
+	g4_err		err;
+	size_t		k;
+
+	NEED_GPU();
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set");
+	CHECK_OK(g4_model_load(model, cpu_be, &mc, 0, &err), &err);
+	CHECK_OK(g4_model_load(model, gpu_be, &mg, 0, &err), &err);
+	for (k = 0; k < G4_ARRAY_LEN(items); k++)
+	{
+		char		path[4096];
+		char	   *data;
+		size_t		len;
+		g4_media	m;
+		g4_media_limits lim = {G4_DEFAULT_SOFT_TOKENS, G4_DEFAULT_MAX_IMAGE_PIXELS, 60.0};
+		g4_media_input in;
+		size_t		n;
+		float	   *rc,
+				   *rg;
+
+		snprintf(path, sizeof(path), "%s/test/fixtures/media/%s", g4_test_srcdir(), items[k].file);
+		CHECK_OK(g4_read_file(path, &data, &len, &err), &err);
+		m.kind = items[k].kind;
+		m.data = (const uint8_t *) data;
+		m.len = len;
+		CHECK_OK(g4_media_prepare(&m, 1, &lim, &in, &err), &err);
+		n = (size_t) in.n_tokens * (size_t) mc->cfg.hidden_size;
+		rc = malloc(n * 4);
+		rg = malloc(n * 4);
+		CHECK_OK(g4_model_embed_media(mc, &in, rc, &err), &err);
+		CHECK_OK(g4_model_embed_media(mg, &in, rg, &err), &err);
+		report("media_embed", items[k].file, max_rel(rg, rc, n), 1e-5);
+		free(rc);
+		free(rg);
+		free(data);
+		g4_media_input_free(&in);
+	}
+	g4_model_free(mc);
+	g4_model_free(mg);
 }

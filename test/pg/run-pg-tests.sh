@@ -103,6 +103,7 @@ start=$(date +%s)
 {
 	cat "$REPO/test/pg/instance.conf"
 	echo "gemma4.model_dir = '$MODEL'"
+	echo "regress.media_dir = '$REPO/test/fixtures/media'"
 	echo "max_connections = 40"
 } >"$TMP/regress.conf"
 # pg_regress wants sql/ and expected/ side by side

@@ -203,6 +203,9 @@ static const g4_backend_ops cpu_ops = {
 	.gather_logit_rows = g4_cpu_gather_logit_rows,
 	.softcap = g4_cpu_softcap,
 	.sync = cpu_sync,
+	.layernorm = g4_cpu_layernorm,
+	.add_bias = g4_cpu_add_bias,
+	.add_pos2d = g4_cpu_add_pos2d,
 };
 
 int

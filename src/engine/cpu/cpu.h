@@ -59,6 +59,12 @@ int			g4_cpu_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *
 							   int dim, float eps, float scale, const float *next_w, float *y);
 int			g4_cpu_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
 int			g4_cpu_softcap(g4_backend *be, float *x, size_t count, float cap);
+/* ops_embed.c */
+int			g4_cpu_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows,
+							 int dim, float eps, float *y);
+int			g4_cpu_add_bias(g4_backend *be, float *x, const float *b, int rows, int dim);
+int			g4_cpu_add_pos2d(g4_backend *be, float *x, const float *table, const int32_t *pos, int rows,
+							 int dim);
 /* matmul.c */
 int			g4_cpu_matmul(g4_backend *be, const g4_weight *w, const float *x, int n, float *y);
 /* attention.c */

@@ -1,0 +1,245 @@
+/*
+ * audio_decode.c — WAV (PCM 8/16/24/32 bit, float), FLAC, MP3 and Ogg
+ * Vorbis through libsndfile, read from memory, to mono float at 16 kHz.
+ *
+ * The samples are what soundfile.read(dtype="float32") gives (libsndfile's
+ * normalised floats: integer PCM divided by its full scale), averaged over
+ * the channels (librosa.to_mono), then resampled as librosa.resample does
+ * by default: libsoxr at "high quality", round(n * 16000 / rate) output
+ * samples, zero-padded to ceil(n * 16000 / rate).  The model's feature
+ * extractor itself never resamples: it assumes 16 kHz.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sndfile.h>
+#include <soxr.h>
+
+#include "media.h"
+#include "util.h"
+
+void
+g4_audio_free(g4_audio *a)
+{
+	if (!a)
+		return;
+	free(a->samples);
+	a->samples = NULL;
+	a->n = 0;
+}
+
+typedef struct
+{
+	const uint8_t *data;
+	sf_count_t	len;
+	sf_count_t	off;
+} mem_file;
+
+static sf_count_t
+mem_length(void *user)
+{
+	return ((mem_file *) user)->len;
+}
+
+static sf_count_t
+mem_seek(sf_count_t offset, int whence, void *user)
+{
+	mem_file   *m = user;
+	sf_count_t	base = whence == SEEK_SET ? 0 : whence == SEEK_CUR ? m->off : m->len;
+
+	if (base + offset < 0 || base + offset > m->len)
+		return -1;
+	m->off = base + offset;
+	return m->off;
+}
+
+static sf_count_t
+mem_read(void *ptr, sf_count_t count, void *user)
+{
+	mem_file   *m = user;
+	sf_count_t	n = G4_MIN(count, m->len - m->off);
+
+	if (n <= 0)
+		return 0;
+	memcpy(ptr, m->data + m->off, (size_t) n);
+	m->off += n;
+	return n;
+}
+
+static sf_count_t
+mem_write(const void *ptr, sf_count_t count, void *user)
+{
+	return 0;
+}
+
+static sf_count_t
+mem_tell(void *user)
+{
+	return ((mem_file *) user)->off;
+}
+
+/* The container from the first bytes, for messages and the format check. */
+static const char *
+sniff(const uint8_t *d, size_t n)
+{
+	if (n >= 12 && memcmp(d, "RIFF", 4) == 0 && memcmp(d + 8, "WAVE", 4) == 0)
+		return "WAV";
+	if (n >= 12 && memcmp(d, "RF64", 4) == 0 && memcmp(d + 8, "WAVE", 4) == 0)
+		return "WAV";
+	if (n >= 4 && memcmp(d, "fLaC", 4) == 0)
+		return "FLAC";
+	if (n >= 4 && memcmp(d, "OggS", 4) == 0)
+		return "Ogg";
+	if (n >= 3 && memcmp(d, "ID3", 3) == 0)
+		return "MP3";
+	if (n >= 2 && d[0] == 0xFF && (d[1] & 0xE0) == 0xE0)
+		return "MP3";
+	return NULL;
+}
+
+static int
+resample(const float *in, int64_t n, int rate, g4_audio *out, g4_err *err)
+{
+	double		ratio = (double) G4_AUDIO_RATE / rate;
+	size_t		olen = (size_t) ((double) n * ratio + 0.5);
+	size_t		total = (size_t) ceil((double) n * ratio);
+	size_t		idone = 0,
+				odone = 0;
+	soxr_io_spec_t io = soxr_io_spec(SOXR_FLOAT32_I, SOXR_FLOAT32_I);
+	soxr_quality_spec_t q = soxr_quality_spec(SOXR_HQ, 0);
+	soxr_error_t e;
+
+	out->samples = g4_calloc(G4_MAX(total, 1), sizeof(float));
+	if (!out->samples)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory for %zu samples", total);
+	e = soxr_oneshot(rate, G4_AUDIO_RATE, 1, in, (size_t) n, &idone, out->samples, olen, &odone, &io, &q, NULL);
+	if (e)
+	{
+		g4_audio_free(out);
+		return g4_fail(err, G4_ERR_INTERNAL, "resampling from %d Hz failed: %s", rate, e);
+	}
+	out->n = (int64_t) total;
+	return G4_OK;
+}
+
+int
+g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, g4_audio *out, g4_err *err)
+{
+	SF_VIRTUAL_IO io = {mem_length, mem_seek, mem_read, mem_write, mem_tell};
+	mem_file	mf = {data, (sf_count_t) len, 0};
+	SF_INFO		info;
+	SNDFILE    *sf;
+	const char *fmt;
+	float	   *buf = NULL,
+			   *mono = NULL;
+	int64_t		cap,
+				n = 0;
+	int			rc = G4_OK;
+
+	memset(out, 0, sizeof(*out));
+	if (!data || len == 0)
+		return g4_fail(err, G4_ERR_INVALID, "the file is empty");
+	fmt = sniff(data, len);
+	if (!fmt)
+		return g4_fail(err, G4_ERR_INVALID, "unsupported audio format (WAV, FLAC, MP3 and Ogg Vorbis are read)");
+	memset(&info, 0, sizeof(info));
+	sf = sf_open_virtual(&io, SFM_READ, &info, &mf);
+	if (!sf)
+		return g4_fail(err, G4_ERR_INVALID, "corrupt or truncated %s data: %s", fmt, sf_strerror(NULL));
+	if (info.channels <= 0 || info.samplerate <= 0)
+	{
+		rc = g4_fail(err, G4_ERR_INVALID, "corrupt %s data: %d channels at %d Hz", fmt, info.channels,
+					 info.samplerate);
+		goto done;
+	}
+	if (info.samplerate < 1000 || info.samplerate > 768000)
+	{
+		rc = g4_fail(err, G4_ERR_INVALID, "unsupported sample rate %d Hz (1000 to 768000)", info.samplerate);
+		goto done;
+	}
+	/* the header's length when it gives one; reading stops at the limit anyway */
+	if (info.frames > 0 && (double) info.frames / info.samplerate > max_seconds)
+	{
+		rc = g4_fail(err, G4_ERR_INVALID, "the %s audio lasts %.1f s, more than the limit of %g s (max_audio_seconds)",
+					 fmt, (double) info.frames / info.samplerate, max_seconds);
+		goto done;
+	}
+	cap = (int64_t) (max_seconds * info.samplerate) + 1;
+	if (info.frames > 0 && info.frames < cap)
+		cap = info.frames + 1;
+	{
+		int64_t		chunk = 65536;
+		int64_t		mcap = G4_MIN(cap, chunk);
+
+		buf = g4_malloc((size_t) chunk * info.channels * sizeof(float));
+		mono = g4_malloc((size_t) mcap * sizeof(float));
+		if (!buf || !mono)
+		{
+			rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
+			goto done;
+		}
+		for (;;)
+		{
+			sf_count_t	got = sf_readf_float(sf, buf, chunk);
+			int64_t		i;
+
+			if (got <= 0)
+				break;
+			if (n + got > cap - 1)
+			{
+				rc = g4_fail(err, G4_ERR_INVALID, "the %s audio lasts more than the limit of %g s (max_audio_seconds)",
+							 fmt, max_seconds);
+				goto done;
+			}
+			if (n + got > mcap)
+			{
+				int64_t		ncap = G4_MIN(G4_MAX(mcap * 2, n + got), cap);
+				float	   *p = g4_realloc(mono, (size_t) ncap * sizeof(float));
+
+				if (!p)
+				{
+					rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
+					goto done;
+				}
+				mono = p;
+				mcap = ncap;
+			}
+			for (i = 0; i < got; i++)
+			{
+				const float *fr = buf + i * info.channels;
+				float		s = 0.0f;
+				int			c;
+
+				for (c = 0; c < info.channels; c++)
+					s += fr[c];
+				mono[n + i] = s / (float) info.channels;
+			}
+			n += got;
+		}
+		if (sf_error(sf) != SF_ERR_NO_ERROR && n == 0)
+		{
+			rc = g4_fail(err, G4_ERR_INVALID, "corrupt %s data: %s", fmt, sf_strerror(sf));
+			goto done;
+		}
+	}
+	if (n == 0)
+	{
+		rc = g4_fail(err, G4_ERR_INVALID, "the %s file holds no samples", fmt);
+		goto done;
+	}
+	out->source_seconds = (double) n / info.samplerate;
+	if (info.samplerate == G4_AUDIO_RATE)
+	{
+		out->samples = mono;
+		out->n = n;
+		mono = NULL;
+	}
+	else
+		rc = resample(mono, n, info.samplerate, out, err);
+done:
+	free(buf);
+	free(mono);
+	sf_close(sf);
+	return rc;
+}
