@@ -1,0 +1,281 @@
+/*
+ * test_mtp.c — MTP speculative decoding on the fixture target and its
+ * assistant (gemma4-make-model --assistant).
+ *
+ * Proposals: the assistant's drafting round against transformers 5.17
+ * (test/golden/mtp-tiny*.*, written by test/reference/golden_mtp.py).  Both
+ * sides compute in float32 from the same weights; as in test_model.c the
+ * engine's logits must be as close to the float64 reference as
+ * transformers' own float32 run is, within a factor of 3 (+1e-6), and the
+ * proposed ids must be identical.
+ */
+#include <math.h>
+
+#include "draft.h"
+#include "harness.h"
+#include "test.h"
+
+#define ERR_FACTOR 3.0
+#define ERR_FLOOR 1e-6
+
+/* The assistant written beside a fixture model, or NULL. */
+static const char *
+assistant_of(const char *model, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s-assistant", model);
+	return g4_is_dir(buf) ? buf : NULL;
+}
+
+/* Target + KV pool + assistant driven without the scheduler. */
+typedef struct
+{
+	g4_model   *t;
+	g4_model   *a;
+	g4_workspace ws;
+	g4_kvpool	kv;
+	g4_draft	d;
+} mtp_rig;
+
+static int
+rig_open(mtp_rig *r, const char *model, const char *assistant, g4_backend *be, g4_err *err)
+{
+	memset(r, 0, sizeof(*r));
+	if (g4_model_load(model, be, &r->t, 0, err) != G4_OK ||
+		g4_model_load_assistant(assistant, be, &r->a, err) != G4_OK ||
+		g4_workspace_init(r->t, 256, 1, &r->ws, err) != G4_OK ||
+		g4_kvpool_init(&r->kv, r->t, G4_KV_F32, (size_t) 8 << 20, 1, 512, 256, err) != G4_OK ||
+		g4_draft_init(&r->d, r->a, r->t, 4, err) != G4_OK)
+		return err->code;
+	return G4_OK;
+}
+
+static void
+rig_close(mtp_rig *r)
+{
+	g4_draft_free(&r->d);
+	if (r->kv.be)
+		g4_kvpool_free(&r->kv);
+	if (r->t)
+		g4_workspace_free(r->t, &r->ws);
+	g4_model_free(r->a);
+	g4_model_free(r->t);
+}
+
+/* Prefill ids in slot 0 in one step; leave b (the target's greedy choice,
+ * suppressed ids masked) and the final-normed hidden state of the last
+ * position in h. */
+static int
+rig_prefill(mtp_rig *r, const int32_t *ids, int n, int32_t *b, float *h, g4_err *err)
+{
+	const g4_model_config *c = &r->t->cfg;
+	g4_backend *be = r->t->be;
+	int32_t		pos[256],
+				slot[256],
+				lo[2][256],
+				hi[2][256],
+				row = n - 1;
+	g4_step_meta meta;
+	float	   *logits = g4_malloc((size_t) c->vocab_size * sizeof(float));
+	int			p,
+				j;
+
+	if (!logits || n > 256)
+		return g4_fail(err, G4_ERR_INVALID, "prompt too long for the rig");
+	for (p = 0; p < n; p++)
+	{
+		pos[p] = p;
+		slot[p] = 0;
+		lo[G4_KVG_SLIDING][p] = G4_MAX(0, p - c->sliding_window + 1);
+		hi[G4_KVG_SLIDING][p] = p + 1;
+		lo[G4_KVG_FULL][p] = 0;
+		hi[G4_KVG_FULL][p] = p + 1;
+	}
+	memset(&meta, 0, sizeof(meta));
+	meta.n_tokens = n;
+	meta.token = ids;
+	meta.pos = pos;
+	meta.slot = slot;
+	for (j = 0; j < 2; j++)
+	{
+		meta.lo[j] = lo[j];
+		meta.hi[j] = hi[j];
+	}
+	meta.n_logits = 1;
+	meta.logit_rows = &row;
+	if (g4_kvpool_ensure(&r->kv, 0, 0, n) != G4_OK)
+		return g4_fail(err, G4_ERR_NOMEM, "KV pool too small");
+	if (g4_model_forward(r->t, &r->ws, &meta, NULL, err) != G4_OK ||
+		be->ops->download(be, logits, r->ws.logits, (size_t) c->vocab_size * sizeof(float)) != G4_OK ||
+		be->ops->download(be, h, r->ws.lx, (size_t) c->hidden_size * sizeof(float)) != G4_OK ||
+		be->ops->sync(be, err) != G4_OK)
+	{
+		free(logits);
+		return err->code ? err->code : G4_ERR_BACKEND;
+	}
+	for (j = 0; j < c->n_suppress; j++)
+		logits[c->suppress_ids[j]] = -INFINITY;
+	*b = 0;
+	for (j = 1; j < c->vocab_size; j++)
+		if (logits[j] > logits[*b])
+			*b = j;
+	free(logits);
+	return G4_OK;
+}
+
+static void
+check_proposals(const char *model, const char *golden_name)
+{
+	char		abuf[4096];
+	const char *assistant = assistant_of(model, abuf, sizeof(abuf));
+	h_golden	G;
+	char		why[512];
+	g4_backend *be;
+	mtp_rig		r;
+	g4_err		err;
+	const g4j  *cases;
+	size_t		k;
+	int			K;
+
+	CHECK_MSG(assistant, "no assistant beside %s (make check-engine writes it)", model);
+	CHECK_MSG(h_golden_load(golden_name, &G, why, sizeof(why)) == 0, "golden: %s", why);
+	{
+		char		path[4200];
+		char		hex[32];
+		const char *want = g4j_get_str(g4j_root(G.doc), "assistant_safetensors_fnv1a64");
+
+		snprintf(path, sizeof(path), "%s/model.safetensors", assistant);
+		snprintf(hex, sizeof(hex), "%016llx", (unsigned long long) h_fnv1a64_file(path));
+		CHECK_MSG(want && strcmp(hex, want) == 0,
+				  "the generated assistant (%s) differs from the one the references were recorded on (%s): "
+				  "rerun test/reference/golden_mtp.py", hex, want ? want : "?");
+	}
+	CHECK_OK(g4_backend_cpu_create(2, &be, &err), &err);
+	CHECK_OK(rig_open(&r, model, assistant, be, &err), &err);
+	K = (int) g4j_get_int(g4j_root(G.doc), "k", 0);
+	cases = g4j_get(g4j_root(G.doc), "cases");
+	for (k = 0; k < g4j_len(cases); k++)
+	{
+		const g4j  *c = g4j_at(cases, k);
+		const char *name = g4j_get_str(c, "name");
+		int			V = r.a->cfg.vocab_size;
+		int			n,
+					nd,
+					step;
+		int32_t    *ids = h_ints(g4j_get(c, "ids"), &n);
+		int32_t    *drafts = h_ints(g4j_get(c, "drafts"), &nd);
+		float	   *h = g4_malloc((size_t) r.t->cfg.hidden_size * sizeof(float));
+		float	   *lg = g4_malloc((size_t) V * sizeof(float));
+		double		bound = ERR_FACTOR * g4j_get_num(c, "fp32_vs_fp64", 0) + ERR_FLOOR;
+		double		worst64 = 0,
+					worst32 = 0;
+		int32_t		token,
+					pos,
+					slot = 0,
+					lo[2],
+					hi[2];
+		g4_step_meta meta;
+
+		CHECK_INT(nd, K);
+		g4_kvpool_release(&r.kv, 0, 512);
+		CHECK_OK(rig_prefill(&r, ids, n, &token, h, &err), &err);
+		CHECK_MSG(token == g4j_get_int(c, "next", -1), "%s: target chose %d, transformers %lld", name, token,
+				  (long long) g4j_get_int(c, "next", -1));
+		pos = n;
+		g4_draft_ranges(pos, r.t->cfg.sliding_window, lo, hi);
+		memset(&meta, 0, sizeof(meta));
+		meta.n_tokens = 1;
+		meta.token = &token;
+		meta.pos = &pos;
+		meta.slot = &slot;
+		meta.lo[0] = &lo[0];
+		meta.lo[1] = &lo[1];
+		meta.hi[0] = &hi[0];
+		meta.hi[1] = &hi[1];
+		for (step = 0; step < K; step++)
+		{
+			int32_t		id;
+			size_t		off = (size_t) g4j_get_int(c, "logits_offset", 0) + (size_t) step * (size_t) V;
+			size_t		off64 = (size_t) g4j_get_int(c, "logits64_offset", 0) + (size_t) step * (size_t) V;
+			double		d32,
+						d64;
+
+			CHECK_OK(g4_draft_step(&r.d, &meta, h, &id, lg, &err), &err);
+			d32 = h_max_abs_diff(lg, G.data + off, V, NULL);
+			d64 = h_max_abs_diff(lg, G.data + off64, V, NULL);
+			worst32 = G4_MAX(worst32, d32);
+			worst64 = G4_MAX(worst64, d64);
+			CHECK_MSG(d64 <= bound, "%s step %d: assistant logits are %.3g from the float64 reference (bound %.3g)",
+					  name, step, d64, bound);
+			CHECK_MSG(id == drafts[step], "%s step %d: proposed %d, transformers %d", name, step, id, drafts[step]);
+			token = id;
+		}
+		printf("    %-12s %d proposals equal; |engine - float64| = %.2e (bound %.2e), |engine - transformers| = %.2e\n",
+			   name, K, worst64, bound, worst32);
+		free(ids);
+		free(drafts);
+		free(h);
+		free(lg);
+	}
+	rig_close(&r);
+	be->ops->destroy(be);
+	h_golden_free(&G);
+}
+
+G4_TEST(mtp_proposals_match_transformers)
+{
+	const char *model = h_fixture_model();
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	check_proposals(model, "mtp-tiny");
+}
+
+G4_TEST(mtp_proposals_match_transformers_bf16_checkpoint)
+{
+	const char *model = getenv("G4_FIXTURE_DENSE");
+
+	if (!model || !g4_is_dir(model))
+		G4_SKIP("G4_FIXTURE_DENSE not set (run through make check-engine)");
+	check_proposals(model, "mtp-tiny-dense");
+}
+
+/* A mismatched assistant is refused at load, saying what differs. */
+G4_TEST(mtp_mismatched_assistant_refused)
+{
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	g4_backend *be;
+	g4_model   *t,
+			   *a;
+	g4_draft	d;
+	g4_err		err;
+	int			rc;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	CHECK_OK(g4_backend_cpu_create(1, &be, &err), &err);
+	CHECK_OK(g4_model_load(model, be, &t, 0, &err), &err);
+	CHECK_OK(g4_model_load_assistant(assistant, be, &a, &err), &err);
+	a->cfg.backbone_hidden = t->cfg.hidden_size * 2;
+	rc = g4_draft_init(&d, a, t, 1, &err);
+	h_failed_as("hidden size mismatch", rc, &err, G4_ERR_INVALID, "hidden size", NULL);
+	a->cfg.backbone_hidden = t->cfg.hidden_size;
+	a->cfg.attn[1].head_dim *= 2;
+	rc = g4_draft_init(&d, a, t, 1, &err);
+	h_failed_as("K/V geometry mismatch", rc, &err, G4_ERR_INVALID, "full layers", NULL);
+	a->cfg.attn[1].head_dim /= 2;
+	a->cfg.vocab_size--;
+	rc = g4_draft_init(&d, a, t, 1, &err);
+	h_failed_as("vocabulary mismatch", rc, &err, G4_ERR_INVALID, "vocabulary", NULL);
+	g4_model_free(a);
+	/* a target given as the draft model, and the reverse */
+	rc = g4_model_load_assistant(model, be, &a, &err);
+	h_failed_as("target as draft", rc, &err, G4_ERR_UNSUPPORTED, "not an MTP assistant", NULL);
+	rc = g4_model_load(assistant, be, &a, 0, &err);
+	h_failed_as("draft as target", rc, &err, G4_ERR_UNSUPPORTED, "draft (assistant) model", NULL);
+	g4_model_free(t);
+	be->ops->destroy(be);
+}
