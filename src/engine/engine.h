@@ -85,7 +85,21 @@ typedef struct
 	int			num_speculative_tokens;
 	int			mask_variant;	/* g4_mask_variant */
 	int			verbose;		/* log loading progress to stderr */
+	/* mtp: speculative decoding with draft_model_path */
+	int			spec_max_batch; /* no drafting while more sequences decode
+								 * (G4_SPEC_MAX_BATCH_DEFAULT) */
+	int			bench_force_accept; /* benchmarks only: -1 (default) verifies;
+									 * a >= 0 accepts exactly min(a, drafts)
+									 * drafts whatever the target says, so
+									 * the output is no longer the model's */
 } g4_options;
+
+/* Most tokens drafted per step (num_speculative_tokens is capped here). */
+#define G4_SPEC_MAX_TOKENS 16
+/* Decoding sequences above which drafting stops paying: the verify step's
+ * k + 1 rows per sequence turn a bandwidth-bound decode into a
+ * compute-bound one.  Measured figures: test/bench/RESULTS.md. */
+#define G4_SPEC_MAX_BATCH_DEFAULT 32
 
 /* Fill with the defaults (the seed deployment's tunables). */
 void		g4_options_default(g4_options *o);
@@ -160,6 +174,8 @@ typedef struct
 	const char *const *stop;	/* stop strings, may be NULL */
 	int			n_stop;
 	uint64_t	user_tag;		/* opaque, echoed in stats */
+	/* mtp branch */
+	int			disable_speculative;	/* 1: no drafting for this request (0, the zero value, allows it) */
 } g4_request;
 
 /* ---- events ---------------------------------------------------------- */
@@ -243,6 +259,13 @@ typedef struct
 	uint64_t	spec_drafted;
 	uint64_t	spec_accepted;
 	uint64_t	preemptions;	/* sequences evicted to free KV blocks (recomputed later) */
+	/* mtp: speculative decoding (spec_drafted / spec_accepted above count
+	 * every draft position) */
+	int			spec_k;			/* num_speculative_tokens in force (0: off) */
+	int			spec_max_batch; /* drafting stops above this many decoding sequences */
+	uint64_t	spec_verify_steps;	/* sequence-steps that verified drafts */
+	uint64_t	spec_pos_drafted[G4_SPEC_MAX_TOKENS];	/* per draft position */
+	uint64_t	spec_pos_accepted[G4_SPEC_MAX_TOKENS];
 } g4_stats;
 
 typedef enum

@@ -279,3 +279,205 @@ G4_TEST(mtp_mismatched_assistant_refused)
 	g4_model_free(t);
 	be->ops->destroy(be);
 }
+
+/* ---- the engine with drafting ------------------------------------------ */
+
+#define N_CASES 5
+static const char *const case_names[N_CASES] = {"one_token", "short", "past_window", "long", "code"};
+
+/* Oracle drafts: each sequence's known continuation (prompt + output), the
+ * first (first_pos % (n + 1)) drafts right and the rest wrong, so every
+ * accepted length 0..k occurs. */
+typedef struct
+{
+	uint64_t	id[N_CASES];
+	int32_t    *full[N_CASES];
+	int			n_full[N_CASES];
+	int			vocab;
+} oracle;
+
+static void
+oracle_drafts(void *ctx, uint64_t seq_id, int first_pos, int32_t *drafts, int n)
+{
+	oracle	   *o = ctx;
+	int			k,
+				j;
+
+	for (k = 0; k < N_CASES; k++)
+		if (o->id[k] == seq_id)
+			for (j = 0; j < n && first_pos + j < o->n_full[k]; j++)
+			{
+				int32_t		right = o->full[k][first_pos + j];
+
+				drafts[j] = j < first_pos % (n + 1) ? right : (right + 1) % o->vocab;
+			}
+}
+
+/* Run the golden cases (64 greedy tokens each) on an engine; tokens[k]
+ * receives case k's output.  together: all submitted at once (a batch of
+ * mixed lengths), else one at a time.  o: oracle drafts (NULL: the
+ * assistant's). */
+static void
+run_cases(const g4_options *opt, int together, oracle *o, int32_t out[N_CASES][1024], int n_out[N_CASES],
+		  g4_stats *st)
+{
+	h_golden	G;
+	char		why[512];
+	g4_engine  *e;
+	g4_err		err;
+	h_result	res[N_CASES];
+	h_run		run;
+	int32_t    *ids[N_CASES];
+	int			n_ids[N_CASES];
+	int			k;
+
+	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
+	memset(res, 0, sizeof(res));
+	CHECK_OK(g4_open(opt, &e, &err), &err);
+	run.r = res;
+	run.n = 0;
+	h_attach(e, &run);
+	if (o)
+		g4_set_draft_hook(e, oracle_drafts, o);
+	for (k = 0; k < N_CASES; k++)
+	{
+		const g4j  *c = h_golden_case(&G, case_names[k]);
+		g4_request	req;
+
+		ids[k] = h_ints(g4j_get(c, "ids"), &n_ids[k]);
+		h_token_request(&req, ids[k], n_ids[k], 64);
+		run.n = k + 1;
+		CHECK_OK(g4_submit(e, &req, &res[k].id, &err), &err);
+		if (o)
+			o->id[k] = res[k].id;
+		if (!together)
+			CHECK_OK(h_drain(e, &run, 100000, &err), &err);
+	}
+	CHECK_OK(h_drain(e, &run, 100000, &err), &err);
+	for (k = 0; k < N_CASES; k++)
+	{
+		CHECK_MSG(!res[k].failed && res[k].finished, "%s: %s", case_names[k], res[k].error);
+		memcpy(out[k], res[k].tokens, (size_t) res[k].n_tokens * sizeof(int32_t));
+		n_out[k] = res[k].n_tokens;
+		free(ids[k]);
+		h_result_free(&res[k]);
+	}
+	g4_stats_get(e, st);
+	g4_close(e);
+	h_golden_free(&G);
+}
+
+static void
+print_spec_stats(const char *what, const g4_stats *st)
+{
+	int			j;
+
+	printf("    %-34s drafted %llu, accepted %llu (%.1f%%), %llu verify steps, per position:", what,
+		   (unsigned long long) st->spec_drafted, (unsigned long long) st->spec_accepted,
+		   st->spec_drafted ? 100.0 * (double) st->spec_accepted / (double) st->spec_drafted : 0.0,
+		   (unsigned long long) st->spec_verify_steps);
+	for (j = 0; j < G4_SPEC_MAX_TOKENS && st->spec_pos_drafted[j]; j++)
+		printf(" %llu/%llu", (unsigned long long) st->spec_pos_accepted[j],
+			   (unsigned long long) st->spec_pos_drafted[j]);
+	printf("\n");
+}
+
+static void
+check_same_outputs(const char *what, int32_t a[N_CASES][1024], const int na[N_CASES], int32_t b[N_CASES][1024],
+				   const int nb[N_CASES])
+{
+	int			k,
+				i;
+
+	for (k = 0; k < N_CASES; k++)
+	{
+		for (i = 0; i < na[k] && i < nb[k]; i++)
+			CHECK_MSG(a[k][i] == b[k][i], "%s, %s: token %d is %d with drafting, %d without", what, case_names[k], i,
+					  a[k][i], b[k][i]);
+		CHECK_MSG(na[k] == nb[k], "%s, %s: %d tokens with drafting, %d without", what, case_names[k], na[k], nb[k]);
+	}
+}
+
+static int32_t plain[3][N_CASES][1024];
+static int	n_plain[3][N_CASES];
+static int32_t drafted[N_CASES][1024];
+static int	n_drafted[N_CASES];
+
+/* Greedy output with drafting equals the output without, for each KV
+ * dtype, one sequence at a time and all five together (mixed lengths):
+ * with the assistant's own drafts (on random weights nearly all rejected:
+ * rollback every step) and with oracle drafts accepting 0..k per step. */
+static void
+check_greedy_identical(int dtype, const char *name)
+{
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	g4_options	o;
+	g4_stats	st;
+	oracle		orc;
+	int			together,
+				k;
+	char		what[128];
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	h_options(&o, model);
+	o.kv_dtype = dtype;
+	run_cases(&o, 0, NULL, plain[dtype], n_plain[dtype], &st);
+	CHECK_MSG(st.spec_drafted == 0, "drafting without a draft model");
+	o.draft_model_path = assistant;
+	for (together = 0; together < 2; together++)
+	{
+		snprintf(what, sizeof(what), "KV %s, %s, assistant", name, together ? "batched" : "alone");
+		run_cases(&o, together, NULL, drafted, n_drafted, &st);
+		print_spec_stats(what, &st);
+		CHECK_MSG(st.spec_drafted > 0, "%s: nothing was drafted", what);
+		check_same_outputs(what, drafted, n_drafted, plain[dtype], n_plain[dtype]);
+
+		snprintf(what, sizeof(what), "KV %s, %s, oracle", name, together ? "batched" : "alone");
+		memset(&orc, 0, sizeof(orc));
+		orc.vocab = 16384;
+		{
+			h_golden	G;
+			char		why[512];
+
+			CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
+			for (k = 0; k < N_CASES; k++)
+			{
+				int			n;
+				int32_t    *ids = h_ints(g4j_get(h_golden_case(&G, case_names[k]), "ids"), &n);
+
+				orc.full[k] = g4_malloc((size_t) (n + n_plain[dtype][k]) * sizeof(int32_t));
+				memcpy(orc.full[k], ids, (size_t) n * sizeof(int32_t));
+				memcpy(orc.full[k] + n, plain[dtype][k], (size_t) n_plain[dtype][k] * sizeof(int32_t));
+				orc.n_full[k] = n + n_plain[dtype][k];
+				free(ids);
+			}
+			h_golden_free(&G);
+		}
+		run_cases(&o, together, &orc, drafted, n_drafted, &st);
+		print_spec_stats(what, &st);
+		CHECK_MSG(st.spec_accepted > 0, "%s: no draft was accepted", what);
+		check_same_outputs(what, drafted, n_drafted, plain[dtype], n_plain[dtype]);
+		for (k = 0; k < N_CASES; k++)
+			free(orc.full[k]);
+	}
+}
+
+G4_TEST(mtp_greedy_identical_kv_f32)
+{
+	check_greedy_identical(G4_KV_F32, "f32");
+}
+
+G4_TEST(mtp_greedy_identical_kv_bf16)
+{
+	check_greedy_identical(G4_KV_BF16, "bf16");
+}
+
+G4_TEST(mtp_greedy_identical_kv_turboquant)
+{
+	check_greedy_identical(G4_KV_TURBOQUANT_K8V4, "turboquant_k8v4");
+}
