@@ -12,7 +12,7 @@
  * distributed as sampling from the target alone.
  *
  * k adapts per sequence: a running mean r of the drafts accepted per
- * verify bounds it to ceil(r) + 1 (from num_speculative_tokens down to 1),
+ * verify bounds it to round(r) + 1 (from num_speculative_tokens down to 1),
  * and no sequence drafts while more than spec_max_batch sequences decode,
  * where the verify step's extra rows cost more than they save.
  */
@@ -190,7 +190,8 @@ draft_budget(const g4_engine *e, const g4_seq *s, int n_decoding)
 
 	if (k == 0 || s->spec_off || s->slot < 0 || n_decoding > e->opts.spec_max_batch)
 		return 0;
-	k = G4_MIN(k, (int) ceilf(s->spec_rate) + 1);
+	if (e->opts.bench_force_accept < 0)
+		k = G4_MIN(k, (int) lroundf(s->spec_rate) + 1);	/* a forced rate is no rate */
 	/* the verify emits up to k + 1 tokens; drafts sit at n_tok.. */
 	k = G4_MIN(k, s->max_tokens - s->n_generated - 1);
 	k = G4_MIN(k, e->max_model_len - s->n_tok);

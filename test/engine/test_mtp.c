@@ -11,6 +11,7 @@
  */
 #include <math.h>
 
+#include "cpu/cpu.h"
 #include "draft.h"
 #include "harness.h"
 #include "test.h"
@@ -480,4 +481,190 @@ G4_TEST(mtp_greedy_identical_kv_bf16)
 G4_TEST(mtp_greedy_identical_kv_turboquant)
 {
 	check_greedy_identical(G4_KV_TURBOQUANT_K8V4, "turboquant_k8v4");
+}
+
+/* ---- rollback ---------------------------------------------------------- */
+
+/* Sliding blocks a slot holds at n computed positions when the pool keeps
+ * `window` positions back (g4_seq_trim_window's rule). */
+static int
+sliding_blocks_expected(int n, int window)
+{
+	int			keep = n - window + 1;
+	int			first = keep > 0 ? keep / G4_KV_BLOCK_TOKENS : 0;
+
+	return G4_DIV_UP(n, G4_KV_BLOCK_TOKENS) - first;
+}
+
+/* The decoded K and V of every position the target can still read are
+ * equal in the two pools (a: without drafting, b: with). */
+static int
+kv_contents_equal(const g4_engine *a, const g4_seq *sa, const g4_engine *b, const g4_seq *sb, int n)
+{
+	const g4_model *m = a->model;
+	int			i;
+
+	for (i = 0; i < m->cfg.n_layers; i++)
+	{
+		const g4_kv_layer *L = &m->layers[i].kv;
+		int			g = L->group;
+		int			p0 = g == G4_KVG_SLIDING ? G4_MAX(0, n - m->cfg.sliding_window + 1) : 0;
+		int			p,
+					h;
+
+		for (p = p0; p < n; p++)
+			for (h = 0; h < L->n_kv_heads; h++)
+			{
+				const g4_kvpool *pools[2] = {&a->kv, &b->kv};
+				const g4_seq *seqs[2] = {sa, sb};
+				float		k[2][512],
+							v[2][512];
+				int			x;
+
+				for (x = 0; x < 2; x++)
+				{
+					const g4_kvpool *kv = pools[x];
+					int32_t		blk = kv->tables[g][(size_t) seqs[x]->slot * (size_t) kv->max_blocks_per_seq +
+												   (size_t) (p / G4_KV_BLOCK_TOKENS)];
+					const uint8_t *hb;
+
+					if (blk < 0)
+					{
+						g4_test_fail(__FILE__, __LINE__, "layer %d position %d: no block (%s)", i, p,
+									 x ? "drafting" : "plain");
+						return 0;
+					}
+					hb = kv->desc.base[g] + (size_t) L->index * kv->desc.layer_stride[g] +
+						(size_t) blk * kv->desc.layer_block_bytes[g] +
+						(size_t) h * g4_kv_head_block_bytes(kv->dtype, L->head_dim, L->k_eq_v);
+					g4_kv_decode_k(kv->dtype, L->k_eq_v, L->head_dim, hb, p % G4_KV_BLOCK_TOKENS, k[x]);
+					g4_kv_decode_v(kv->dtype, L->k_eq_v, L->head_dim, hb, p % G4_KV_BLOCK_TOKENS, v[x]);
+				}
+				if (memcmp(k[0], k[1], (size_t) L->head_dim * sizeof(float)) != 0 ||
+					memcmp(v[0], v[1], (size_t) L->head_dim * sizeof(float)) != 0)
+				{
+					g4_test_fail(__FILE__, __LINE__, "layer %d position %d head %d: K/V differ after rollback", i,
+								 p, h);
+					return 0;
+				}
+			}
+	}
+	return 1;
+}
+
+static void
+noop_event(void *ctx, const g4_event *ev)
+{
+	(void) ctx;
+	(void) ev;
+}
+
+/* n_steps steps in which every draft is rejected: after each, the KV
+ * pool's accounting matches a run without drafting (full blocks equal,
+ * sliding blocks as the window rule says, nothing leaked at the end) and
+ * every readable position's K/V is equal. */
+static void
+check_zero_acceptance(int dtype, int n_steps)
+{
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	g4_options	o;
+	g4_engine  *a,
+			   *b;
+	g4_err		err;
+	h_golden	G;
+	char		why[512];
+	int32_t    *ids;
+	int			n_ids;
+	int			steps = 0;
+	g4_stats	sa,
+				sb;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
+	ids = h_ints(g4j_get(h_golden_case(&G, "past_window"), "ids"), &n_ids);
+	h_options(&o, model);
+	o.kv_dtype = dtype;
+	CHECK_OK(g4_open(&o, &a, &err), &err);
+	o.draft_model_path = assistant;
+	o.bench_force_accept = 0;
+	CHECK_OK(g4_open(&o, &b, &err), &err);
+	while (steps < n_steps)
+	{
+		g4_request	req;
+		uint64_t	ia,
+					ib;
+
+		h_token_request(&req, ids, n_ids, n_steps);
+		/* penalties keep the greedy output from settling into a loop */
+		req.sampling.repetition_penalty = 1.3f;
+		CHECK_OK(g4_submit(a, &req, &ia, &err), &err);
+		CHECK_OK(g4_submit(b, &req, &ib, &err), &err);
+		while (g4_has_work(a) && steps < n_steps)
+		{
+			const g4_seq *x,
+					   *y;
+			int			ra = g4_step(a, noop_event, NULL, &err);
+			int			rb = g4_step(b, noop_event, NULL, &err);
+
+			CHECK_MSG(ra >= 0 && rb >= 0, "step failed: %s", err.msg);
+			CHECK_MSG(ra == rb, "step %d: %d live sequences without drafting, %d with", steps, ra, rb);
+			steps++;
+			if (ra == 0)
+				break;
+			x = a->seqs[0];
+			y = b->seqs[0];
+			CHECK_MSG(x->n_tok == y->n_tok && memcmp(x->tok, y->tok, (size_t) x->n_tok * sizeof(int32_t)) == 0,
+					  "step %d: the outputs differ", steps);
+			CHECK_INT(y->n_computed, x->n_computed);
+			g4_stats_get(a, &sa);
+			g4_stats_get(b, &sb);
+			CHECK_MSG(sa.groups[1].blocks_used == sb.groups[1].blocks_used,
+					  "step %d: %lld full blocks used without drafting, %lld with", steps,
+					  (long long) sa.groups[1].blocks_used, (long long) sb.groups[1].blocks_used);
+			CHECK_INT(sa.groups[0].blocks_used, sliding_blocks_expected(x->n_computed, a->kv.window));
+			CHECK_INT(sb.groups[0].blocks_used, sliding_blocks_expected(y->n_computed, b->kv.window));
+			if (steps % 97 == 0 || steps == n_steps)
+				CHECK_MSG(kv_contents_equal(a, x, b, y, x->n_computed), "step %d", steps);
+		}
+		if (g4_has_work(a))
+		{
+			g4_cancel(a, ia, noop_event, NULL);
+			g4_cancel(b, ib, noop_event, NULL);
+		}
+	}
+	g4_stats_get(a, &sa);
+	g4_stats_get(b, &sb);
+	printf("    %d steps, %llu drafts, %llu accepted; blocks in use after: %lld + %lld / %lld + %lld\n", steps,
+		   (unsigned long long) sb.spec_drafted, (unsigned long long) sb.spec_accepted,
+		   (long long) sa.groups[0].blocks_used, (long long) sa.groups[1].blocks_used,
+		   (long long) sb.groups[0].blocks_used, (long long) sb.groups[1].blocks_used);
+	CHECK_MSG(sb.spec_drafted >= (uint64_t) (3 * n_steps) && sb.spec_accepted == 0,
+			  "drafting did not happen as forced");
+	CHECK_MSG(sa.groups[0].blocks_used + sa.groups[1].blocks_used == 0 &&
+			  sb.groups[0].blocks_used + sb.groups[1].blocks_used == 0, "blocks leaked");
+	free(ids);
+	h_golden_free(&G);
+	g4_close(a);
+	g4_close(b);
+}
+
+G4_TEST(mtp_zero_acceptance_rollback_kv_f32)
+{
+	check_zero_acceptance(G4_KV_F32, 1000);
+}
+
+G4_TEST(mtp_zero_acceptance_rollback_kv_bf16)
+{
+	/* the compressed formats for fewer steps: the rollback is the same */
+	check_zero_acceptance(G4_KV_BF16, 250);
+}
+
+G4_TEST(mtp_zero_acceptance_rollback_kv_turboquant)
+{
+	check_zero_acceptance(G4_KV_TURBOQUANT_K8V4, 250);
 }
