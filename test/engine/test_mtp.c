@@ -14,7 +14,9 @@
 #include "cpu/cpu.h"
 #include "draft.h"
 #include "harness.h"
+#include "spec_accept.h"
 #include "test.h"
+#include "xorshift.h"
 
 #define ERR_FACTOR 3.0
 #define ERR_FLOOR 1e-6
@@ -667,4 +669,443 @@ G4_TEST(mtp_zero_acceptance_rollback_kv_bf16)
 G4_TEST(mtp_zero_acceptance_rollback_kv_turboquant)
 {
 	check_zero_acceptance(G4_KV_TURBOQUANT_K8V4, 250);
+}
+
+/* ---- ends inside an accepted run --------------------------------------- */
+
+/* Oracle drafts that are all right (the whole run is accepted). */
+typedef struct
+{
+	uint64_t	id;
+	const int32_t *full;
+	int			n_full;
+} perfect_oracle;
+
+static void
+perfect_drafts(void *ctx, uint64_t seq_id, int first_pos, int32_t *drafts, int n)
+{
+	perfect_oracle *o = ctx;
+	int			j;
+
+	if (seq_id == o->id)
+		for (j = 0; j < n && first_pos + j < o->n_full; j++)
+			drafts[j] = o->full[first_pos + j];
+}
+
+/* One request on a fresh engine (with an extra end-of-sequence id when
+ * extra_eos >= 0; with perfect drafts when o is not NULL). */
+static void
+run_one(const g4_options *opt, const g4_request *req, int32_t extra_eos, perfect_oracle *o, h_result *res)
+{
+	g4_engine  *e;
+	g4_err		err;
+
+	CHECK_OK(g4_open(opt, &e, &err), &err);
+	if (extra_eos >= 0)
+		e->eos[e->n_eos++] = extra_eos;
+	if (o)
+		g4_set_draft_hook(e, perfect_drafts, o);
+	memset(res, 0, sizeof(*res));
+	{
+		h_run		run = {res, 1};
+
+		h_attach(e, &run);
+		CHECK_OK(g4_submit(e, req, &res->id, &err), &err);
+		if (o)
+			o->id = res->id;
+		CHECK_OK(h_drain(e, &run, 10000, &err), &err);
+	}
+	g4_close(e);
+}
+
+static void
+check_same_result(const char *what, const h_result *a, const h_result *b)
+{
+	CHECK_MSG(!a->failed && !b->failed && a->finished && b->finished, "%s: did not finish", what);
+	CHECK_MSG(a->n_tokens == b->n_tokens && memcmp(a->tokens, b->tokens, (size_t) a->n_tokens * 4) == 0,
+			  "%s: %d tokens with drafting, %d without, or different ones", what, a->n_tokens, b->n_tokens);
+	CHECK_MSG(a->finish_reason == b->finish_reason, "%s: finish reason %d with drafting, %d without", what,
+			  a->finish_reason, b->finish_reason);
+	CHECK_MSG(a->text_len == b->text_len && (a->text_len == 0 || memcmp(a->text, b->text, a->text_len) == 0),
+			  "%s: the text differs", what);
+}
+
+/* A stop string, an end-of-sequence id and max_tokens falling inside a run
+ * of accepted drafts end the output exactly where they end it without
+ * drafting. */
+G4_TEST(mtp_ends_inside_accepted_runs)
+{
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	g4_options	plain_o,
+				spec_o;
+	h_golden	G;
+	char		why[512];
+	int32_t    *ids;
+	int			n_ids;
+	g4_request	req;
+	h_result	base,
+				a,
+				b;
+	perfect_oracle orc;
+	int32_t    *full;
+	char		stop[8];
+	const char *stops[1] = {stop};
+	int			cut;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
+	ids = h_ints(g4j_get(h_golden_case(&G, "long"), "ids"), &n_ids);
+	h_options(&plain_o, model);
+	spec_o = plain_o;
+	spec_o.draft_model_path = assistant;
+	h_token_request(&req, ids, n_ids, 64);
+	run_one(&plain_o, &req, -1, NULL, &base);
+	CHECK_MSG(base.n_tokens == 64 && base.text_len > 40, "the plain run gave %d tokens", base.n_tokens);
+	full = g4_malloc((size_t) (n_ids + 64) * sizeof(int32_t));
+	memcpy(full, ids, (size_t) n_ids * sizeof(int32_t));
+	memcpy(full + n_ids, base.tokens, 64 * sizeof(int32_t));
+	orc.full = full;
+	orc.n_full = n_ids + 64;
+
+	/* max_tokens: 4 + 5 + 2, ending two tokens into a run of five */
+	h_token_request(&req, ids, n_ids, 11);
+	run_one(&plain_o, &req, -1, NULL, &a);
+	run_one(&spec_o, &req, -1, &orc, &b);
+	check_same_result("max_tokens", &b, &a);
+	h_result_free(&a);
+	h_result_free(&b);
+
+	/* an end-of-sequence id first produced as the 13th token */
+	h_token_request(&req, ids, n_ids, 64);
+	for (cut = 12; cut < 64; cut++)
+	{
+		int			j,
+					seen = 0;
+
+		for (j = 0; j < cut; j++)
+			seen |= base.tokens[j] == base.tokens[cut];
+		if (!seen)
+			break;
+	}
+	run_one(&plain_o, &req, base.tokens[cut], NULL, &a);
+	run_one(&spec_o, &req, base.tokens[cut], &orc, &b);
+	CHECK_INT(a.n_tokens, cut + 1);
+	check_same_result("end of sequence", &b, &a);
+	h_result_free(&a);
+	h_result_free(&b);
+
+	/* a stop string from the middle of the text */
+	memcpy(stop, base.text + base.text_len / 2, 3);
+	stop[3] = '\0';
+	req.stop = stops;
+	req.n_stop = 1;
+	run_one(&plain_o, &req, -1, NULL, &a);
+	run_one(&spec_o, &req, -1, &orc, &b);
+	CHECK_MSG(a.n_tokens < 64, "the stop string \"%s\" did not stop the plain run", stop);
+	check_same_result("stop string", &b, &a);
+	printf("    max_tokens 11, end of sequence at token %d, stop string at token %d: identical\n", cut + 1,
+		   a.n_tokens);
+	h_result_free(&a);
+	h_result_free(&b);
+
+	h_result_free(&base);
+	free(full);
+	free(ids);
+	h_golden_free(&G);
+}
+
+/* ---- speculative sampling ---------------------------------------------- */
+
+/*
+ * Chi-square goodness of fit of counts[n] against probabilities p[n] (N
+ * draws in all; ids of probability 0 must have no draws).  Significance
+ * 0.001: the statistic must stay below the chi-square quantile 0.999 of df
+ * = (ids of nonzero probability) - 1 degrees of freedom, from the
+ * Wilson-Hilferty approximation df (1 - 2/(9 df) + z sqrt(2/(9 df)))^3 with
+ * z = 3.0902 (within 1 % of the table for df >= 3).  The draws are seeded,
+ * so the outcome is fixed: the test passes or fails the same way on every
+ * machine.
+ */
+static void
+check_chi_square(const char *what, const long *counts, const double *p, int n, long N)
+{
+	double		chi2 = 0.0;
+	int			df = -1;
+	double		crit;
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		if (p[i] <= 0.0)
+		{
+			CHECK_MSG(counts[i] == 0, "%s: id %d has probability 0 but was drawn %ld times", what, i, counts[i]);
+			continue;
+		}
+		chi2 += ((double) counts[i] - (double) N * p[i]) * ((double) counts[i] - (double) N * p[i]) /
+			((double) N * p[i]);
+		df++;
+	}
+	{
+		double		a = 2.0 / (9.0 * df);
+
+		crit = df * pow(1.0 - a + 3.0902 * sqrt(a), 3.0);
+	}
+	printf("    %-44s chi-square %.3f, %d degrees of freedom, 0.1%% critical value %.2f\n", what, chi2, df, crit);
+	CHECK_MSG(chi2 < crit, "%s: the emitted tokens are not distributed as the target (chi-square %.2f >= %.2f)",
+			  what, chi2, crit);
+}
+
+/* Accept/resample with a forced draft distribution: the emitted token is
+ * distributed as the target's, whatever the drafts' distribution. */
+G4_TEST(mtp_speculative_sampling_distribution)
+{
+	enum
+	{
+		V = 12
+	};
+	const long	N = 400000;
+	double		p[V],
+				q[V];
+	long		counts[V];
+	g4_rng		draft_rng,
+				rng;
+	uint64_t	x = 0x9e3779b97f4a7c15ull;
+	double		sp = 0,
+				sq = 0;
+	long		t;
+	int			i,
+				mode;
+
+	/* p with two impossible ids (outside a kept set); q unrelated, with
+	 * mass on an id p excludes */
+	for (i = 0; i < V; i++)
+	{
+		p[i] = (i == 3 || i == 7) ? 0.0 : 0.05 + (double) (h_xorshift64(&x) % 1000) / 1000.0;
+		q[i] = 0.02 + (double) (h_xorshift64(&x) % 1000) / 1000.0;
+		sp += p[i];
+		sq += q[i];
+	}
+	for (i = 0; i < V; i++)
+	{
+		p[i] /= sp;
+		q[i] /= sq;
+	}
+	for (mode = 0; mode < 3; mode++)
+	{
+		long		accepted = 0;
+
+		memset(counts, 0, sizeof(counts));
+		g4_rng_seed(&draft_rng, 11);
+		g4_rng_seed(&rng, 12);
+		for (t = 0; t < N; t++)
+		{
+			int32_t		d;
+			int			acc;
+			int32_t		id;
+
+			if (mode == 0)
+			{
+				/* d drawn from q */
+				double		u = g4_rng_uniform(&draft_rng),
+							c = 0;
+
+				for (d = 0; d < V - 1; d++)
+					if ((c += q[d]) > u)
+						break;
+				id = g4_spec_accept(p, q, V, d, &rng, &acc);
+			}
+			else
+			{
+				/* greedy drafts: q one-hot at the target's likeliest id,
+				 * or at an id the target excludes */
+				d = mode == 1 ? 0 : 3;
+				if (mode == 1)
+					for (i = 1; i < V; i++)
+						if (p[i] > p[d])
+							d = i;
+				id = g4_spec_accept(p, NULL, V, d, &rng, &acc);
+			}
+			CHECK_MSG(id >= 0 && id < V, "emitted id %d", id);
+			counts[id]++;
+			accepted += acc;
+		}
+		check_chi_square(mode == 0 ? "drafts from a forced distribution" :
+						 mode == 1 ? "greedy drafts (one-hot q at the mode)" : "greedy drafts of an excluded id",
+						 counts, p, V, N);
+		printf("      accepted %.1f%%\n", 100.0 * (double) accepted / (double) N);
+	}
+}
+
+/* g4_sample_dist is the distribution g4_sample draws from. */
+G4_TEST(mtp_sample_dist_matches_sampler)
+{
+	enum
+	{
+		V = 64
+	};
+	const long	N = 200000;
+	float		logits[V],
+				work[V];
+	double		p[V];
+	long		counts[V];
+	g4_sampling s;
+	g4_sampler_scratch sc = {0};
+	g4_rng		rng;
+	uint64_t	x = 77;
+	long		t;
+	int			i,
+				cfg;
+
+	for (i = 0; i < V; i++)
+		logits[i] = (float) (h_xorshift64(&x) % 4000) / 1000.0f;
+	for (cfg = 0; cfg < 3; cfg++)
+	{
+		g4_sampling_default(&s);
+		s.temperature = cfg == 2 ? 0.7f : 1.0f;
+		s.top_k = cfg == 1 ? 20 : 0;
+		s.top_p = cfg == 2 ? 0.9f : 1.0f;
+		s.min_p = cfg == 0 ? 0.05f : 0.0f;
+		memcpy(work, logits, sizeof(work));
+		CHECK_INT(g4_sample_dist(work, V, &s, NULL, NULL, 0, &sc, p), G4_OK);
+		memset(counts, 0, sizeof(counts));
+		g4_rng_seed(&rng, 5);
+		for (t = 0; t < N; t++)
+		{
+			memcpy(work, logits, sizeof(work));
+			counts[g4_sample(work, V, &s, NULL, NULL, 0, &rng, &sc)]++;
+		}
+		check_chi_square(cfg == 0 ? "min_p 0.05" : cfg == 1 ? "top_k 20" : "temperature 0.7, top_p 0.9", counts, p,
+						 V, N);
+	}
+	g4_sampler_scratch_free(&sc);
+}
+
+/* Seeded sampled runs with drafting repeat exactly (the assistant's drafts
+ * and oracle drafts, which get accepted), alone and batched. */
+G4_TEST(mtp_seeded_sampling_repeats)
+{
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	g4_options	o;
+	h_golden	G;
+	char		why[512];
+	int32_t    *ids;
+	int			n_ids;
+	g4_request	req;
+	h_result	r[3];
+	perfect_oracle orc;
+	int			k;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
+	ids = h_ints(g4j_get(h_golden_case(&G, "code"), "ids"), &n_ids);
+	h_options(&o, model);
+	o.draft_model_path = assistant;
+	h_token_request(&req, ids, n_ids, 48);
+	req.sampling.temperature = 0.8f;
+	req.sampling.top_k = 8;
+	req.sampling.seed = 1234;
+	req.sampling.has_seed = 1;
+	run_one(&o, &req, -1, NULL, &r[0]);
+	run_one(&o, &req, -1, NULL, &r[1]);
+	check_same_result("seeded, assistant drafts", &r[1], &r[0]);
+	/* oracle: the first run's continuation, accepted with probability p(d) */
+	orc.n_full = n_ids + r[0].n_tokens;
+	{
+		int32_t    *full = g4_malloc((size_t) orc.n_full * sizeof(int32_t));
+
+		memcpy(full, ids, (size_t) n_ids * sizeof(int32_t));
+		memcpy(full + n_ids, r[0].tokens, (size_t) r[0].n_tokens * sizeof(int32_t));
+		orc.full = full;
+		run_one(&o, &req, -1, &orc, &r[2]);
+		h_result_free(&r[1]);
+		run_one(&o, &req, -1, &orc, &r[1]);
+		check_same_result("seeded, oracle drafts", &r[1], &r[2]);
+		free(full);
+	}
+	for (k = 0; k < 3; k++)
+		h_result_free(&r[k]);
+	free(ids);
+	h_golden_free(&G);
+}
+
+/* Controls: a request can turn drafting off; num_speculative_tokens = 0
+ * loads no draft model; above the batch limit nobody drafts. */
+G4_TEST(mtp_controls)
+{
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_stats	st;
+	int32_t		ids[3] = {2, 696, 5157};
+	g4_request	req;
+	h_result	r[3];
+	h_run		run = {r, 0};
+	int			k;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	h_options(&o, model);
+	o.draft_model_path = assistant;
+	h_token_request(&req, ids, 3, 8);
+
+	req.disable_speculative = 1;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	memset(r, 0, sizeof(r));
+	h_attach(e, &run);
+	run.n = 1;
+	CHECK_OK(g4_submit(e, &req, &r[0].id, &err), &err);
+	CHECK_OK(h_drain(e, &run, 1000, &err), &err);
+	g4_stats_get(e, &st);
+	CHECK_MSG(st.spec_k == 4 && st.spec_drafted == 0, "k %d, %llu drafted for a request that disabled drafting",
+			  st.spec_k, (unsigned long long) st.spec_drafted);
+	h_result_free(&r[0]);
+
+	/* three sequences decoding, a limit of two: no drafts while all three
+	 * decode */
+	g4_close(e);
+	o.spec_max_batch = 2;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	memset(r, 0, sizeof(r));
+	h_attach(e, &run);
+	req.disable_speculative = 0;
+	for (k = 0; k < 3; k++)
+	{
+		run.n = k + 1;
+		CHECK_OK(g4_submit(e, &req, &r[k].id, &err), &err);
+	}
+	CHECK_OK(h_drain(e, &run, 1000, &err), &err);
+	g4_stats_get(e, &st);
+	CHECK_MSG(st.spec_drafted == 0, "%llu drafted above the batch limit", (unsigned long long) st.spec_drafted);
+	for (k = 0; k < 3; k++)
+		h_result_free(&r[k]);
+	g4_close(e);
+
+	o.spec_max_batch = G4_SPEC_MAX_BATCH_DEFAULT;
+	o.num_speculative_tokens = 0;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	CHECK_MSG(e->draft.m == NULL, "a draft model was loaded with num_speculative_tokens = 0");
+	g4_close(e);
+
+	o.num_speculative_tokens = G4_SPEC_MAX_TOKENS + 1;
+	h_failed_as("too many speculative tokens", g4_open(&o, &e, &err), &err, G4_ERR_INVALID,
+				"num_speculative_tokens", NULL);
+	o.num_speculative_tokens = 4;
+	o.draft_model_path = model;
+	h_failed_as("a target as the draft model", g4_open(&o, &e, &err), &err, G4_ERR_UNSUPPORTED,
+				"not an MTP assistant", NULL);
 }
