@@ -24,12 +24,14 @@ CREATE FUNCTION gemma_generate(prompt text,
 							   top_k int DEFAULT NULL,
 							   seed bigint DEFAULT NULL,
 							   stop text[] DEFAULT NULL,
-							   system text DEFAULT NULL)
+							   system text DEFAULT NULL,
+							   -- mtp: NULL follows gemma4.speculative
+							   speculative boolean DEFAULT NULL)
 RETURNS text
 AS 'MODULE_PATHNAME', 'gemma_generate'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000;
 
-COMMENT ON FUNCTION gemma_generate(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text) IS
+COMMENT ON FUNCTION gemma_generate(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, boolean) IS
 'single-turn chat: the answer to prompt (after an optional system message); greedy unless temperature is given';
 
 CREATE FUNCTION gemma_complete(prompt text,
@@ -38,12 +40,14 @@ CREATE FUNCTION gemma_complete(prompt text,
 							   top_p float8 DEFAULT NULL,
 							   top_k int DEFAULT NULL,
 							   seed bigint DEFAULT NULL,
-							   stop text[] DEFAULT NULL)
+							   stop text[] DEFAULT NULL,
+							   -- mtp: NULL follows gemma4.speculative
+							   speculative boolean DEFAULT NULL)
 RETURNS text
 AS 'MODULE_PATHNAME', 'gemma_complete'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000;
 
-COMMENT ON FUNCTION gemma_complete(text, int, float8, float8, int, bigint, text[]) IS
+COMMENT ON FUNCTION gemma_complete(text, int, float8, float8, int, bigint, text[], boolean) IS
 'raw completion: the text that follows prompt, no chat format applied';
 
 /*
@@ -62,12 +66,14 @@ CREATE FUNCTION gemma_generate_stream(prompt text,
 									  top_k int DEFAULT NULL,
 									  seed bigint DEFAULT NULL,
 									  stop text[] DEFAULT NULL,
-									  system text DEFAULT NULL)
+									  system text DEFAULT NULL,
+									  -- mtp: NULL follows gemma4.speculative
+									  speculative boolean DEFAULT NULL)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'gemma_generate_stream'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000 ROWS 100;
 
-COMMENT ON FUNCTION gemma_generate_stream(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text) IS
+COMMENT ON FUNCTION gemma_generate_stream(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, boolean) IS
 'gemma_generate, one row per decoded piece';
 
 CREATE FUNCTION gemma_complete_stream(prompt text,
@@ -76,12 +82,14 @@ CREATE FUNCTION gemma_complete_stream(prompt text,
 									  top_p float8 DEFAULT NULL,
 									  top_k int DEFAULT NULL,
 									  seed bigint DEFAULT NULL,
-									  stop text[] DEFAULT NULL)
+									  stop text[] DEFAULT NULL,
+									  -- mtp: NULL follows gemma4.speculative
+									  speculative boolean DEFAULT NULL)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'gemma_complete_stream'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000 ROWS 100;
 
-COMMENT ON FUNCTION gemma_complete_stream(text, int, float8, float8, int, bigint, text[]) IS
+COMMENT ON FUNCTION gemma_complete_stream(text, int, float8, float8, int, bigint, text[], boolean) IS
 'gemma_complete, one row per decoded piece';
 
 /*
@@ -100,12 +108,14 @@ CREATE FUNCTION gemma_complete_batch(prompts text[],
 									 top_p float8 DEFAULT NULL,
 									 top_k int DEFAULT NULL,
 									 seed bigint DEFAULT NULL,
-									 stop text[] DEFAULT NULL)
+									 stop text[] DEFAULT NULL,
+									 -- mtp: NULL follows gemma4.speculative
+									 speculative boolean DEFAULT NULL)
 RETURNS text[]
 AS 'MODULE_PATHNAME', 'gemma_complete_batch'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
 
-COMMENT ON FUNCTION gemma_complete_batch(text[], int, float8, float8, int, bigint, text[]) IS
+COMMENT ON FUNCTION gemma_complete_batch(text[], int, float8, float8, int, bigint, text[], boolean) IS
 'gemma_complete over many prompts at once, generated together';
 
 CREATE FUNCTION gemma_generate_batch(prompts text[],
@@ -115,12 +125,14 @@ CREATE FUNCTION gemma_generate_batch(prompts text[],
 									 top_k int DEFAULT NULL,
 									 seed bigint DEFAULT NULL,
 									 stop text[] DEFAULT NULL,
-									 system text DEFAULT NULL)
+									 system text DEFAULT NULL,
+									 -- mtp: NULL follows gemma4.speculative
+									 speculative boolean DEFAULT NULL)
 RETURNS text[]
 AS 'MODULE_PATHNAME', 'gemma_generate_batch'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
 
-COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text) IS
+COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text, boolean) IS
 'gemma_generate over many prompts at once, generated together';
 
 CREATE FUNCTION gemma_chat(messages jsonb, options jsonb DEFAULT '{}')
@@ -183,7 +195,14 @@ CREATE FUNCTION gemma_stats(
 	OUT mean_batch_size float8,
 	OUT max_batch_size bigint,
 	OUT max_batch_tokens bigint,
-	OUT spec_acceptance float8)
+	OUT spec_acceptance float8,
+	-- mtp: speculative decoding
+	OUT spec_tokens int,
+	OUT spec_drafted bigint,
+	OUT spec_accepted bigint,
+	OUT spec_mean_accepted_length float8,
+	OUT spec_position_acceptance float8[],
+	OUT speculative_max_batch int)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'gemma_stats'
 LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED ROWS 1;

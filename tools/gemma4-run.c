@@ -7,11 +7,17 @@
  *              [--kv-dtype f32|bf16|turboquant_k8v4] [--backend auto|cpu|cuda]
  *              [--threads N] [--max-model-len N] [--batch N]
  *              [--bench] [--bench-prompt-tokens N]
+ *              [--draft DIR] [--spec-tokens K] [--spec-max-batch N]
+ *              [--bench-accept A]
  *
  * Prints the generated text (as it decodes with --stream).  --bench prints
  * prefill and decode throughput; --batch N runs N copies of the request at
  * once (continuous batching), --bench-prompt-tokens N replaces the prompt by
- * N synthetic tokens.
+ * N synthetic tokens.  --draft DIR drafts K tokens per step (default 4) with
+ * that MTP assistant and verifies them (speculative decoding; none while
+ * more than N sequences decode); --bench-accept A (benchmarks only) accepts
+ * exactly A drafts per step whatever the target says, so throughput can be
+ * measured at a chosen acceptance with random weights.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,7 +162,8 @@ usage(void)
 			"                  [--top-p P] [--top-k K] [--seed S] [--chat] [--system TEXT] [--think]\n"
 			"                  [--stream] [--kv-dtype f32|bf16|turboquant_k8v4] [--backend auto|cpu|cuda]\n"
 			"                  [--threads N] [--max-model-len N] [--batch N] [--bench]\n"
-			"                  [--bench-prompt-tokens N]\n");
+			"                  [--bench-prompt-tokens N] [--draft DIR] [--spec-tokens K]\n"
+			"                  [--spec-max-batch N] [--bench-accept A]\n");
 	exit(2);
 }
 
@@ -234,6 +241,14 @@ main(int argc, char **argv)
 			r.batch = atoi(v);
 		else if (ARG("--bench-prompt-tokens"))
 			bench_prompt = atoi(v);
+		else if (ARG("--draft"))
+			o.draft_model_path = v;
+		else if (ARG("--spec-tokens"))
+			o.num_speculative_tokens = atoi(v);
+		else if (ARG("--spec-max-batch"))
+			o.spec_max_batch = atoi(v);
+		else if (ARG("--bench-accept"))
+			o.bench_force_accept = atoi(v);
 		else if (strcmp(a, "--chat") == 0)
 			chat = 1;
 		else if (strcmp(a, "--think") == 0)
@@ -360,6 +375,20 @@ main(int argc, char **argv)
 		printf("decode:  %d tokens in %.3f s = %.1f tokens/s (%d sequence%s, %llu steps, mean batch %.1f)\n",
 			   decoded, decode, decode > 0 ? decoded / decode : 0.0, r.batch, r.batch > 1 ? "s" : "",
 			   (unsigned long long) st.steps, st.steps ? (double) st.batch_seqs_sum / (double) st.steps : 0.0);
+		if (st.spec_k > 0)
+		{
+			int			j;
+
+			printf("drafts:  k %d, %llu drafted, %llu accepted (%.1f%%), %.2f tokens per verify step, "
+				   "accepted by position:", st.spec_k, (unsigned long long) st.spec_drafted,
+				   (unsigned long long) st.spec_accepted,
+				   st.spec_drafted ? 100.0 * (double) st.spec_accepted / (double) st.spec_drafted : 0.0,
+				   st.spec_verify_steps ? 1.0 + (double) st.spec_accepted / (double) st.spec_verify_steps : 0.0);
+			for (j = 0; j < st.spec_k; j++)
+				printf(" %.2f", st.spec_pos_drafted[j] ?
+					   (double) st.spec_pos_accepted[j] / (double) st.spec_pos_drafted[j] : 0.0);
+			printf("%s\n", o.bench_force_accept >= 0 ? " (forced)" : "");
+		}
 		printf("memory:  weights %.1f MiB, KV pool %.1f MiB (%s), workspace %.1f MiB\n",
 			   (double) st.weight_bytes / 1048576.0, (double) st.kv_bytes_total / 1048576.0, st.kv_dtype,
 			   (double) st.workspace_bytes / 1048576.0);

@@ -289,6 +289,7 @@ load_engine(EngineProc *ep, const G4EngineConfig *cfg)
 	o.max_num_seqs = cfg->max_num_seqs;
 	o.max_num_batched_tokens = cfg->max_num_batched_tokens;
 	o.num_speculative_tokens = cfg->num_speculative_tokens;
+	o.spec_max_batch = cfg->speculative_max_batch;
 	memset(&err, 0, sizeof(err));
 	if (ep->api.open(&o, &ep->e, &err) != G4_OK)
 		fail_and_exit(ep, G4F_LOAD_FAILED, err.code, err.msg);
@@ -534,6 +535,7 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 				req.stop = n_stops > 0 ? stops : NULL;
 				req.n_stop = n_stops;
 				req.user_tag = wr.request_id;
+				req.disable_speculative = wr.disable_speculative;
 				if (ep->api.submit(ep->e, &req, &seq_id, &err) != G4_OK)
 					send_error(ep, wr.request_id, &err);
 				else if (!map_add(ep, seq_id, wr.request_id))
@@ -728,6 +730,12 @@ send_stats(EngineProc *ep)
 	w.spec_drafted = st.spec_drafted;
 	w.spec_accepted = st.spec_accepted;
 	w.preemptions = st.preemptions;
+	w.spec_k = st.spec_k;
+	w.spec_max_batch = st.spec_max_batch;
+	w.spec_verify_steps = st.spec_verify_steps;
+	StaticAssertStmt(G4_WIRE_SPEC_POSITIONS == G4_SPEC_MAX_TOKENS, "draft positions differ");
+	memcpy(w.spec_pos_drafted, st.spec_pos_drafted, sizeof(w.spec_pos_drafted));
+	memcpy(w.spec_pos_accepted, st.spec_pos_accepted, sizeof(w.spec_pos_accepted));
 	w.n_seqs = n;
 	for (i = 0; i < n; i++)
 	{

@@ -50,6 +50,8 @@ extern int	g4_kv_cache_dtype;
 extern int	g4_max_num_seqs;
 extern int	g4_max_num_batched_tokens;
 extern int	g4_num_speculative_tokens;
+extern bool g4_speculative;		/* gemma4.speculative: sessions' default */
+extern int	g4_speculative_max_batch;
 extern int	g4_backend;
 extern int	g4_cpu_threads;
 extern int	g4_max_requests;
@@ -91,6 +93,8 @@ typedef struct G4WireRequest
 	uint64		seed;
 	int32		thinking;
 	uint32		items_len;		/* bytes of payload items that follow */
+	/* mtp */
+	int32		disable_speculative;	/* 1: no drafting for this request */
 } G4WireRequest;
 
 #define G4_MSG_LEN 1024
@@ -141,6 +145,10 @@ typedef struct G4WireKvGroup
 	uint64		block_bytes;
 } G4WireKvGroup;
 
+/* Draft positions counted per position: the engine's G4_SPEC_MAX_TOKENS
+ * (engine_proc.c checks that they agree). */
+#define G4_WIRE_SPEC_POSITIONS 16
+
 /* Engine statistics (g4_stats_get) with the strings copied in. */
 typedef struct G4WireStats
 {
@@ -165,6 +173,12 @@ typedef struct G4WireStats
 	uint64		spec_accepted;
 	uint64		preemptions;
 	int32		n_seqs;			/* G4WireSeq entries following in the frame */
+	/* mtp: speculative decoding (see g4_stats) */
+	int32		spec_k;
+	int32		spec_max_batch;
+	uint64		spec_verify_steps;
+	uint64		spec_pos_drafted[G4_WIRE_SPEC_POSITIONS];
+	uint64		spec_pos_accepted[G4_WIRE_SPEC_POSITIONS];
 } G4WireStats;
 
 /* One live sequence (g4_seqs_get), durations already computed. */
@@ -382,6 +396,7 @@ typedef struct G4EngineConfig
 	int			max_num_seqs;
 	int			max_num_batched_tokens;
 	int			num_speculative_tokens;
+	int			speculative_max_batch;	/* mtp: gemma4.speculative_max_batch */
 	int			max_requests;
 	pid_t		supervisor_pid;
 } G4EngineConfig;
