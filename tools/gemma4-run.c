@@ -388,6 +388,12 @@ main(int argc, char **argv)
 				printf(" %.2f", st.spec_pos_drafted[j] ?
 					   (double) st.spec_pos_accepted[j] / (double) st.spec_pos_drafted[j] : 0.0);
 			printf("%s\n", o.bench_force_accept >= 0 ? " (forced)" : "");
+			printf("assistant: %llu passes over %llu rows in %.3f s = %.3f ms per pass, %.1f us per draft token; "
+				   "%.1f%% of the run\n", (unsigned long long) st.spec_draft_steps,
+				   (unsigned long long) st.spec_draft_tokens, st.spec_draft_seconds,
+				   st.spec_draft_steps ? 1e3 * st.spec_draft_seconds / (double) st.spec_draft_steps : 0.0,
+				   st.spec_draft_tokens ? 1e6 * st.spec_draft_seconds / (double) st.spec_draft_tokens : 0.0,
+				   t1 > t0 ? 100.0 * st.spec_draft_seconds / (t1 - t0) : 0.0);
 		}
 		printf("memory:  weights %.1f MiB, KV pool %.1f MiB (%s), workspace %.1f MiB\n",
 			   (double) st.weight_bytes / 1048576.0, (double) st.kv_bytes_total / 1048576.0, st.kv_dtype,

@@ -266,6 +266,9 @@ typedef struct
 	uint64_t	spec_verify_steps;	/* sequence-steps that verified drafts */
 	uint64_t	spec_pos_drafted[G4_SPEC_MAX_TOKENS];	/* per draft position */
 	uint64_t	spec_pos_accepted[G4_SPEC_MAX_TOKENS];
+	uint64_t	spec_draft_steps;	/* assistant forward passes (one per draft position, whole batch) */
+	uint64_t	spec_draft_tokens;	/* rows they computed */
+	double		spec_draft_seconds; /* wall time spent drafting */
 } g4_stats;
 
 typedef enum

@@ -209,6 +209,7 @@ g4_spec_draft(g4_engine *e, int n_logits, g4_err *err)
 	int			k_max = 0;
 	int			i,
 				step;
+	double		t0;
 	g4_step_meta meta;
 
 	if (!e->draft.m)
@@ -256,6 +257,7 @@ g4_spec_draft(g4_engine *e, int n_logits, g4_err *err)
 	}
 	if (n == 0)
 		return G4_OK;
+	t0 = g4_now();
 	/* the target's final-normed hidden states of this step's logits rows */
 	if (be->ops->download(be, e->spec_lx, e->ws.lx, (size_t) n_logits * H * sizeof(float)) != G4_OK ||
 		be->ops->sync(be, err) != G4_OK)
@@ -286,6 +288,8 @@ g4_spec_draft(g4_engine *e, int n_logits, g4_err *err)
 				e->spec_seq[i]->n_draft = 0;
 			return err->code;
 		}
+		e->stats.spec_draft_steps++;
+		e->stats.spec_draft_tokens += (uint64_t) n;
 		for (i = 0; i < n; i++)
 		{
 			g4_seq	   *s = e->spec_seq[i];
@@ -299,6 +303,7 @@ g4_spec_draft(g4_engine *e, int n_logits, g4_err *err)
 				s->n_draft = step + 1;
 		}
 	}
+	e->stats.spec_draft_seconds += g4_now() - t0;
 	if (e->draft_hook)
 		for (i = 0; i < n; i++)
 			e->draft_hook(e->draft_hook_ctx, e->spec_seq[i]->id, e->spec_seq[i]->n_tok, e->spec_seq[i]->draft,
