@@ -98,7 +98,8 @@ typedef struct
 #define G4_SPEC_MAX_TOKENS 16
 /* Decoding sequences above which drafting stops paying: the verify step's
  * k + 1 rows per sequence turn a bandwidth-bound decode into a
- * compute-bound one.  Measured figures: test/bench/RESULTS.md. */
+ * compute-bound one.  An estimate until test/gpu/run-gpu.sh mtp measures
+ * the 12B crossover. */
 #define G4_SPEC_MAX_BATCH_DEFAULT 32
 
 /* Fill with the defaults (the seed deployment's tunables). */
