@@ -196,19 +196,17 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 			count = chunk_size(s, s->n_computed, G4_MIN(remaining, budget));
 			if (count <= 0)
 				continue;
-			/* drafts take free blocks only, never another sequence's: when
-			 * there are none, a plain decode */
-			rc = s->n_draft > 0 ? g4_kvpool_ensure(&e->kv, s->slot, s->n_computed, s->n_computed + count) :
-				G4_ERR_BUSY;
-			if (rc == G4_ERR_BUSY)
+			/* drafts take free blocks only, never another sequence's:
+			 * without them, a plain decode */
+			rc = G4_ERR_BUSY;
+			if (s->n_draft > 0 &&
+				(rc = g4_kvpool_ensure(&e->kv, s->slot, s->n_computed, s->n_computed + count)) == G4_ERR_BUSY)
 			{
-				if (s->n_draft > 0)
-				{
-					s->n_draft = 0;
-					count = 1;
-				}
-				rc = reserve(e, sc, s, s->n_computed, s->n_computed + count);
+				s->n_draft = 0;
+				count = 1;
 			}
+			if (rc == G4_ERR_BUSY)
+				rc = reserve(e, sc, s, s->n_computed, s->n_computed + count);
 			if (rc == G4_ERR_BUSY)
 			{
 				/* nothing younger to evict: this one waits its turn again */
