@@ -1109,3 +1109,59 @@ G4_TEST(mtp_controls)
 	h_failed_as("a target as the draft model", g4_open(&o, &e, &err), &err, G4_ERR_UNSUPPORTED,
 				"not an MTP assistant", NULL);
 }
+
+/* Preemption with drafting: a pool too small for the five sequences at
+ * once (16 full blocks of 16 tokens; together they need 36), all submitted
+ * together, with oracle drafts so long runs are accepted; the outputs stay
+ * transformers' greedy continuations. */
+G4_TEST(mtp_preemption_keeps_results_exact)
+{
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	g4_options	o;
+	g4_stats	st;
+	oracle		orc;
+	h_golden	G;
+	char		why[512];
+	int			k;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
+	memset(&orc, 0, sizeof(orc));
+	orc.vocab = 16384;
+	for (k = 0; k < N_CASES; k++)
+	{
+		const g4j  *c = h_golden_case(&G, case_names[k]);
+		int			n,
+					ng;
+		int32_t    *ids = h_ints(g4j_get(c, "ids"), &n);
+		int32_t    *want = h_ints(g4j_get(c, "greedy"), &ng);
+
+		orc.full[k] = g4_malloc((size_t) (n + ng) * sizeof(int32_t));
+		memcpy(orc.full[k], ids, (size_t) n * sizeof(int32_t));
+		memcpy(orc.full[k] + n, want, (size_t) ng * sizeof(int32_t));
+		orc.n_full[k] = n + ng;
+		memcpy(plain[0][k], want, (size_t) ng * sizeof(int32_t));
+		n_plain[0][k] = ng;
+		free(ids);
+		free(want);
+	}
+	h_options(&o, model);
+	o.draft_model_path = assistant;
+	o.max_num_seqs = 5;
+	o.max_num_batched_tokens = 16;
+	o.kv_pool_bytes = 336 * 1024 + 16 * 4096;	/* 16 full blocks */
+	run_cases(&o, 1, &orc, drafted, n_drafted, &st);
+	print_spec_stats("preempting pool, oracle", &st);
+	printf("    %llu preemptions\n", (unsigned long long) st.preemptions);
+	CHECK_MSG(st.preemptions > 0, "the pool was large enough: nothing was preempted");
+	CHECK_MSG(st.spec_accepted > 0, "no draft was accepted");
+	check_same_outputs("preempting pool", drafted, n_drafted, plain[0], n_plain[0]);
+	for (k = 0; k < N_CASES; k++)
+		free(orc.full[k]);
+	h_golden_free(&G);
+}
