@@ -7,7 +7,15 @@
  * sides compute in float32 from the same weights; as in test_model.c the
  * engine's logits must be as close to the float64 reference as
  * transformers' own float32 run is, within a factor of 3 (+1e-6), and the
- * proposed ids must be identical.
+ * proposed ids must be identical.  A mismatched assistant is refused.
+ *
+ * The engine with drafting: greedy outputs identical to those without (each
+ * KV dtype, alone and batched, with the assistant's drafts and with oracle
+ * drafts accepting 0..k per step; under preemption); 1,000 steps of rejected
+ * drafts leave the KV pool as without drafting; stop strings, end of
+ * sequence and max_tokens inside an accepted run; speculative sampling's
+ * output distribution (chi-square at 0.1 %); seeded sampled runs repeat;
+ * the per-request and batch-size controls.
  */
 #include <math.h>
 
