@@ -1173,3 +1173,44 @@ G4_TEST(mtp_preemption_keeps_results_exact)
 		free(orc.full[k]);
 	h_golden_free(&G);
 }
+
+/* The engine's greedy output with drafting equals transformers' assisted
+ * generation (generate with the assistant model, greedy), all prompts
+ * together. */
+G4_TEST(mtp_greedy_matches_transformers_assisted_generation)
+{
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	h_golden	G;
+	char		why[512];
+	const g4j  *cases;
+	g4_options	o;
+	g4_stats	st;
+	int			k;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	CHECK_MSG(h_golden_load("mtp-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
+	cases = g4j_get(g4j_root(G.doc), "assisted_generation");
+	CHECK_INT(g4j_len(cases), N_CASES);
+	h_options(&o, model);
+	o.draft_model_path = assistant;
+	run_cases(&o, 1, NULL, drafted, n_drafted, &st);
+	print_spec_stats("assistant, batched", &st);
+	for (k = 0; k < N_CASES; k++)
+	{
+		const g4j  *c = g4j_at(cases, (size_t) k);
+		int			n;
+		int32_t    *want = h_ints(g4j_get(c, "greedy"), &n);
+
+		CHECK_STR(g4j_get_str(c, "name"), case_names[k]);
+		memcpy(plain[0][k], want, (size_t) n * sizeof(int32_t));
+		n_plain[0][k] = n;
+		free(want);
+	}
+	check_same_outputs("transformers assisted generation", drafted, n_drafted, plain[0], n_plain[0]);
+	h_golden_free(&G);
+}

@@ -14,6 +14,11 @@ generation/candidate_generator.py as the engine implements it:
   layer, token = argmax(assistant logits), h_prev = its projected state;
   token starts as b, h_prev as the target's final-normed hidden state at n-1.
 
+Also transformers' assisted generation (generate with assistant_model,
+greedy, 64 new tokens, the generation config's suppressed and end ids) on
+the prompts of golden_model.py: the engine's greedy output with drafting
+must equal it.
+
 Written per context: the ids, b, the k proposed ids, and every step's
 assistant logits, in float32 and again in float64 (the "truth" the float32
 implementations are measured against, fed the float32 run's tokens so both
@@ -40,7 +45,7 @@ from transformers.models.gemma4_unified_assistant.modeling_gemma4_unified_assist
     Gemma4UnifiedAssistantForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from golden_model import dequantize_dir, fnv1a64, load_model  # noqa: E402
+from golden_model import PROMPTS, dequantize_dir, fnv1a64, load_model  # noqa: E402
 
 K = 4
 
@@ -115,6 +120,13 @@ def main():
         for lg in step_logits + step_logits64:
             blob.append(lg.astype(np.float32))
             off += lg.size
+    assisted = []
+    for name, text in PROMPTS:
+        ids = [bos] + (tok.encode(text, add_special_tokens=False).ids if text else [])
+        with torch.no_grad():
+            out = target.generate(torch.tensor([ids]), assistant_model=assistant, max_new_tokens=64,
+                                  do_sample=False)
+        assisted.append({"name": name, "ids": ids, "greedy": out[0, len(ids):].tolist()})
     with open(os.path.join(assistant_dir, "model.safetensors"), "rb") as f:
         raw = f.read()
     np.concatenate(blob).astype("<f4").tofile(prefix + ".bin")
@@ -127,6 +139,7 @@ def main():
         "vocab": int(assistant.config.text_config.vocab_size),
         "k": K,
         "cases": cases,
+        "assisted_generation": assisted,
     }
     with open(prefix + ".json", "w") as f:
         json.dump(meta, f, indent=1)
