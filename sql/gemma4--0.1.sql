@@ -26,12 +26,14 @@ CREATE FUNCTION gemma_generate(prompt text,
 							   stop text[] DEFAULT NULL,
 							   system text DEFAULT NULL,
 							   -- media
-							   max_soft_tokens int DEFAULT NULL)
+							   max_soft_tokens int DEFAULT NULL,
+							   -- mtp: NULL follows gemma4.speculative
+							   speculative boolean DEFAULT NULL)
 RETURNS text
 AS 'MODULE_PATHNAME', 'gemma_generate'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000;
 
-COMMENT ON FUNCTION gemma_generate(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, int) IS
+COMMENT ON FUNCTION gemma_generate(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, int, boolean) IS
 'single-turn chat: the answer to prompt (after an optional system message); greedy unless temperature is given; images and audio are file bytes (PNG, JPEG, WebP, GIF; WAV, FLAC, MP3, Ogg Vorbis) that take the prompt''s <|image|> / <|audio|> placeholders in turn, or go before its text';
 
 CREATE FUNCTION gemma_complete(prompt text,
@@ -40,12 +42,14 @@ CREATE FUNCTION gemma_complete(prompt text,
 							   top_p float8 DEFAULT NULL,
 							   top_k int DEFAULT NULL,
 							   seed bigint DEFAULT NULL,
-							   stop text[] DEFAULT NULL)
+							   stop text[] DEFAULT NULL,
+							   -- mtp: NULL follows gemma4.speculative
+							   speculative boolean DEFAULT NULL)
 RETURNS text
 AS 'MODULE_PATHNAME', 'gemma_complete'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000;
 
-COMMENT ON FUNCTION gemma_complete(text, int, float8, float8, int, bigint, text[]) IS
+COMMENT ON FUNCTION gemma_complete(text, int, float8, float8, int, bigint, text[], boolean) IS
 'raw completion: the text that follows prompt, no chat format applied';
 
 /*
@@ -66,12 +70,14 @@ CREATE FUNCTION gemma_generate_stream(prompt text,
 									  stop text[] DEFAULT NULL,
 									  system text DEFAULT NULL,
 									  -- media
-									  max_soft_tokens int DEFAULT NULL)
+									  max_soft_tokens int DEFAULT NULL,
+									  -- mtp: NULL follows gemma4.speculative
+									  speculative boolean DEFAULT NULL)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'gemma_generate_stream'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000 ROWS 100;
 
-COMMENT ON FUNCTION gemma_generate_stream(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, int) IS
+COMMENT ON FUNCTION gemma_generate_stream(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, int, boolean) IS
 'gemma_generate, one row per decoded piece';
 
 CREATE FUNCTION gemma_complete_stream(prompt text,
@@ -80,12 +86,14 @@ CREATE FUNCTION gemma_complete_stream(prompt text,
 									  top_p float8 DEFAULT NULL,
 									  top_k int DEFAULT NULL,
 									  seed bigint DEFAULT NULL,
-									  stop text[] DEFAULT NULL)
+									  stop text[] DEFAULT NULL,
+									  -- mtp: NULL follows gemma4.speculative
+									  speculative boolean DEFAULT NULL)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'gemma_complete_stream'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000 ROWS 100;
 
-COMMENT ON FUNCTION gemma_complete_stream(text, int, float8, float8, int, bigint, text[]) IS
+COMMENT ON FUNCTION gemma_complete_stream(text, int, float8, float8, int, bigint, text[], boolean) IS
 'gemma_complete, one row per decoded piece';
 
 /*
@@ -104,12 +112,14 @@ CREATE FUNCTION gemma_complete_batch(prompts text[],
 									 top_p float8 DEFAULT NULL,
 									 top_k int DEFAULT NULL,
 									 seed bigint DEFAULT NULL,
-									 stop text[] DEFAULT NULL)
+									 stop text[] DEFAULT NULL,
+									 -- mtp: NULL follows gemma4.speculative
+									 speculative boolean DEFAULT NULL)
 RETURNS text[]
 AS 'MODULE_PATHNAME', 'gemma_complete_batch'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
 
-COMMENT ON FUNCTION gemma_complete_batch(text[], int, float8, float8, int, bigint, text[]) IS
+COMMENT ON FUNCTION gemma_complete_batch(text[], int, float8, float8, int, bigint, text[], boolean) IS
 'gemma_complete over many prompts at once, generated together';
 
 CREATE FUNCTION gemma_generate_batch(prompts text[],
@@ -123,12 +133,14 @@ CREATE FUNCTION gemma_generate_batch(prompts text[],
 									 -- media: one element per prompt, NULL for none
 									 images bytea[] DEFAULT NULL,
 									 audio bytea[] DEFAULT NULL,
-									 max_soft_tokens int DEFAULT NULL)
+									 max_soft_tokens int DEFAULT NULL,
+									 -- mtp: NULL follows gemma4.speculative
+									 speculative boolean DEFAULT NULL)
 RETURNS text[]
 AS 'MODULE_PATHNAME', 'gemma_generate_batch'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
 
-COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text, bytea[], bytea[], int) IS
+COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text, bytea[], bytea[], int, boolean) IS
 'gemma_generate over many prompts at once, generated together; images[i] and audio[i] (NULL: none) go with prompts[i]';
 
 CREATE FUNCTION gemma_chat(messages jsonb, options jsonb DEFAULT '{}')
@@ -198,7 +210,14 @@ CREATE FUNCTION gemma_stats(
 	OUT images bigint,
 	OUT audio_seconds float8,
 	OUT media_decode_seconds float8,
-	OUT media_embed_seconds float8)
+	OUT media_embed_seconds float8,
+	-- mtp: speculative decoding
+	OUT spec_tokens int,
+	OUT spec_drafted bigint,
+	OUT spec_accepted bigint,
+	OUT spec_mean_accepted_length float8,
+	OUT spec_position_acceptance float8[],
+	OUT speculative_max_batch int)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'gemma_stats'
 LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED ROWS 1;

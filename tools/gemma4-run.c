@@ -8,6 +8,8 @@
  *              [--threads N] [--max-model-len N] [--batch N]
  *              [--bench] [--bench-prompt-tokens N]
  *              [--image FILE] [--audio FILE] [--max-soft-tokens N]
+ *              [--draft DIR] [--spec-tokens K] [--spec-max-batch N]
+ *              [--bench-accept A]
  *
  * Prints the generated text (as it decodes with --stream).  --bench prints
  * prefill and decode throughput; --batch N runs N copies of the request at
@@ -15,7 +17,11 @@
  * N synthetic tokens.  --image and --audio (each repeatable) add media in
  * the order given: they take the <|image|> / <|audio|> placeholders of the
  * prompt in turn, or go before the prompt text when it has none; --bench
- * then also prints media decoding and embedder times.
+ * then also prints media decoding and embedder times.  --draft DIR drafts K tokens per step (default 4) with
+ * that MTP assistant and verifies them (speculative decoding; none while
+ * more than N sequences decode); --bench-accept A (benchmarks only) accepts
+ * exactly A drafts per step whatever the target says, so throughput can be
+ * measured at a chosen acceptance with random weights.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,7 +166,9 @@ usage(void)
 			"                  [--top-p P] [--top-k K] [--seed S] [--chat] [--system TEXT] [--think]\n"
 			"                  [--stream] [--kv-dtype f32|bf16|turboquant_k8v4] [--backend auto|cpu|cuda]\n"
 			"                  [--threads N] [--max-model-len N] [--batch N] [--bench]\n"
-			"                  [--bench-prompt-tokens N] [--image FILE] [--audio FILE] [--max-soft-tokens N]\n");
+			"                  [--bench-prompt-tokens N] [--image FILE] [--audio FILE] [--max-soft-tokens N]\n"
+			"                  [--draft DIR] [--spec-tokens K]\n"
+			"                  [--spec-max-batch N] [--bench-accept A]\n");
 	exit(2);
 }
 
@@ -275,6 +283,14 @@ main(int argc, char **argv)
 			read_media(v, strcmp(a, "--image") == 0 ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO, &media[n_media++]);
 			i++;
 		}
+		else if (ARG("--draft"))
+			o.draft_model_path = v;
+		else if (ARG("--spec-tokens"))
+			o.num_speculative_tokens = atoi(v);
+		else if (ARG("--spec-max-batch"))
+			o.spec_max_batch = atoi(v);
+		else if (ARG("--bench-accept"))
+			o.bench_force_accept = atoi(v);
 		else if (strcmp(a, "--chat") == 0)
 			chat = 1;
 		else if (strcmp(a, "--think") == 0)
@@ -407,6 +423,26 @@ main(int argc, char **argv)
 			printf("media:   %llu images, %.2f s of audio; decoding and preprocessing %.3f s, embedders %.3f s "
 				   "(included in the time to first token)\n", (unsigned long long) st.images, st.audio_seconds,
 				   st.media_decode_seconds, st.media_embed_seconds);
+		if (st.spec_k > 0)
+		{
+			int			j;
+
+			printf("drafts:  k %d, %llu drafted, %llu accepted (%.1f%%), %.2f tokens per verify step, "
+				   "accepted by position:", st.spec_k, (unsigned long long) st.spec_drafted,
+				   (unsigned long long) st.spec_accepted,
+				   st.spec_drafted ? 100.0 * (double) st.spec_accepted / (double) st.spec_drafted : 0.0,
+				   st.spec_verify_steps ? 1.0 + (double) st.spec_accepted / (double) st.spec_verify_steps : 0.0);
+			for (j = 0; j < st.spec_k; j++)
+				printf(" %.2f", st.spec_pos_drafted[j] ?
+					   (double) st.spec_pos_accepted[j] / (double) st.spec_pos_drafted[j] : 0.0);
+			printf("%s\n", o.bench_force_accept >= 0 ? " (forced)" : "");
+			printf("assistant: %llu passes over %llu rows in %.3f s = %.3f ms per pass, %.1f us per draft token; "
+				   "%.1f%% of the run\n", (unsigned long long) st.spec_draft_steps,
+				   (unsigned long long) st.spec_draft_tokens, st.spec_draft_seconds,
+				   st.spec_draft_steps ? 1e3 * st.spec_draft_seconds / (double) st.spec_draft_steps : 0.0,
+				   st.spec_draft_tokens ? 1e6 * st.spec_draft_seconds / (double) st.spec_draft_tokens : 0.0,
+				   t1 > t0 ? 100.0 * st.spec_draft_seconds / (t1 - t0) : 0.0);
+		}
 		printf("memory:  weights %.1f MiB, KV pool %.1f MiB (%s), workspace %.1f MiB\n",
 			   (double) st.weight_bytes / 1048576.0, (double) st.kv_bytes_total / 1048576.0, st.kv_dtype,
 			   (double) st.workspace_bytes / 1048576.0);

@@ -133,7 +133,7 @@ parse_gemma4_text(const g4j *text, g4_model_config *c, g4_err *err)
 					   "config.json: per-layer embeddings (hidden_size_per_layer_input) are not supported");
 	if (g4j_get_bool(text, "enable_moe_block", 0))
 		return g4_fail(err, G4_ERR_UNSUPPORTED, "config.json: mixture-of-experts layers are not supported");
-	if (g4j_get_int(text, "num_kv_shared_layers", 0) > 0)
+	if (!c->assistant && g4j_get_int(text, "num_kv_shared_layers", 0) > 0)
 		return g4_fail(err, G4_ERR_UNSUPPORTED, "config.json: KV-shared layers are not supported in a target model");
 	{
 		const char *use_bidi = g4j_get_str(text, "use_bidirectional_attention");
@@ -156,6 +156,15 @@ parse_gemma4_text(const g4j *text, g4_model_config *c, g4_err *err)
 	if (c->n_layers <= 0 || c->n_layers > G4_MAX_LAYERS)
 		return g4_fail(err, G4_ERR_FORMAT, "config.json: num_hidden_layers = %d is out of range (1..%d)",
 					   c->n_layers, G4_MAX_LAYERS);
+	{
+		/* an assistant's layers all read the target's K/V (0 means all) */
+		int64_t		shared = g4j_get_int(text, "num_kv_shared_layers", 0);
+
+		if (c->assistant && shared != 0 && shared != c->n_layers)
+			return g4_fail(err, G4_ERR_UNSUPPORTED,
+						   "config.json: an assistant with %lld of %d layers KV-shared is not supported (all must be)",
+						   (long long) shared, c->n_layers);
+	}
 	if (parse_layer_types(text, c, 6, err) != G4_OK)
 		return err->code;
 	/* the last layer is always full attention (transformers forces it) */
@@ -262,6 +271,15 @@ parse_gemma3_text(const g4j *text, g4_model_config *c, g4_err *err)
 	if (c->n_layers <= 0 || c->n_layers > G4_MAX_LAYERS)
 		return g4_fail(err, G4_ERR_FORMAT, "config.json: num_hidden_layers = %d is out of range (1..%d)",
 					   c->n_layers, G4_MAX_LAYERS);
+	{
+		/* an assistant's layers all read the target's K/V (0 means all) */
+		int64_t		shared = g4j_get_int(text, "num_kv_shared_layers", 0);
+
+		if (c->assistant && shared != 0 && shared != c->n_layers)
+			return g4_fail(err, G4_ERR_UNSUPPORTED,
+						   "config.json: an assistant with %lld of %d layers KV-shared is not supported (all must be)",
+						   (long long) shared, c->n_layers);
+	}
 	if (parse_layer_types(text, c, 6, err) != G4_OK)
 		return err->code;
 	c->attn[0].head_dim = c->attn[1].head_dim = (int) g4j_get_int(text, "head_dim", 256);
@@ -398,8 +416,22 @@ load_generation_config(const char *dir, g4_model_config *c, g4_err *err)
 	return G4_OK;
 }
 
+static int load_hf(const char *dir, g4_model_config *c, int assistant, g4_err *err);
+
 int
 g4_config_load_hf(const char *dir, g4_model_config *c, g4_err *err)
+{
+	return load_hf(dir, c, 0, err);
+}
+
+int
+g4_config_load_assistant_hf(const char *dir, g4_model_config *c, g4_err *err)
+{
+	return load_hf(dir, c, 1, err);
+}
+
+static int
+load_hf(const char *dir, g4_model_config *c, int assistant, g4_err *err)
 {
 	char	   *path = g4_path_join(dir, "config.json");
 	char	   *text = NULL;
@@ -444,23 +476,40 @@ g4_config_load_hf(const char *dir, g4_model_config *c, g4_err *err)
 	if (!text_cfg)
 		text_cfg = root;
 
+	c->assistant = assistant;
 	if (!mt)
 		rc = g4_fail(err, G4_ERR_FORMAT, "config.json: no model_type");
+	else if (assistant != (strstr(mt, "assistant") != NULL))
+		rc = g4_fail(err, G4_ERR_UNSUPPORTED, assistant ?
+					 "config.json: model_type \"%s\" is not an MTP assistant (gemma4_unified_assistant)" :
+					 "config.json: model_type \"%s\" is a draft (assistant) model; give it as the draft model", mt);
+	else if (assistant)
+	{
+		const char *tmt = g4j_get_str(text_cfg, "model_type");
+
+		if (text_cfg == root || (tmt && strncmp(tmt, "gemma4", 6) != 0))
+			rc = g4_fail(err, G4_ERR_UNSUPPORTED, "config.json: the assistant needs a Gemma 4 text_config");
+		else if (g4j_get_bool(root, "use_ordered_embeddings", 0))
+			rc = g4_fail(err, G4_ERR_UNSUPPORTED,
+						 "config.json: assistants with ordered (centroid-masked) embeddings are not supported");
+		else
+		{
+			c->backbone_hidden = (int) g4j_get_int(root, "backbone_hidden_size", 3840);
+			rc = parse_gemma4_text(text_cfg, c, err);
+		}
+	}
 	else if (strcmp(mt, "gemma4_unified") == 0 || strcmp(mt, "gemma4") == 0 ||
 			 strcmp(mt, "gemma4_unified_text") == 0 || strcmp(mt, "gemma4_text") == 0)
 		rc = parse_gemma4_text(text_cfg, c, err);
 	else if (strcmp(mt, "gemma3") == 0 || strcmp(mt, "gemma3_text") == 0)
 		rc = parse_gemma3_text(text_cfg, c, err);
-	else if (strstr(mt, "assistant"))
-		rc = g4_fail(err, G4_ERR_UNSUPPORTED,
-					 "config.json: model_type \"%s\" is a draft (assistant) model; give it as the draft model", mt);
 	else
 		rc = g4_fail(err, G4_ERR_UNSUPPORTED,
 					 "config.json: unknown architecture (model_type \"%s\"); Gemma 4 and Gemma 3 decoders are supported",
 					 mt);
 	if (rc == G4_OK)
 		rc = parse_quantization(root, c, err);
-	if (rc == G4_OK && text_cfg != root)
+	if (rc == G4_OK && text_cfg != root && !assistant)
 	{
 		/* multimodal ids and the stop list live at the top of composite configs */
 		c->image_token_id = (int) g4j_get_int(root, "image_token_id", 258880);

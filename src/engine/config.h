@@ -87,6 +87,12 @@ typedef struct
 	/* quantisation (compressed-tensors) */
 	int			quantized;		/* pack-quantized int4 linears present */
 	int			group_size;
+
+	/* MTP assistant (gemma4_unified_assistant): its layers have queries
+	 * only and read the target's K/V; input [target embedding, target
+	 * hidden] of 2 * backbone_hidden, output projected back to it */
+	int			assistant;
+	int			backbone_hidden;
 } g4_model_config;
 
 /* Geometry of layer i. */
@@ -99,6 +105,9 @@ g4_layer_attn(const g4_model_config *c, int layer)
 /* Parse a Hugging Face model directory's config.json (+ generation_config.json
  * when present). */
 int			g4_config_load_hf(const char *dir, g4_model_config *c, g4_err *err);
+
+/* The same for an MTP assistant's directory (gemma4[_unified]_assistant). */
+int			g4_config_load_assistant_hf(const char *dir, g4_model_config *c, g4_err *err);
 
 struct g4_gguf;
 /* Read the decoder configuration from GGUF metadata. */

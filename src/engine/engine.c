@@ -36,6 +36,8 @@ g4_options_default(g4_options *o)
 	o->num_speculative_tokens = 4;
 	o->mask_variant = G4_MASK_A;
 	o->enable_prefix_caching = 1;
+	o->spec_max_batch = G4_SPEC_MAX_BATCH_DEFAULT;
+	o->bench_force_accept = -1;
 }
 
 void
@@ -216,7 +218,9 @@ g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
 	e->chat_ok = g4_chat_init(e->tok, c->family == G4_FAMILY_GEMMA3 ? G4_CHAT_GEMMA3 : G4_CHAT_GEMMA4,
 							  &e->chat, NULL) == G4_OK;
 
-	rc = g4_workspace_init(e->model, e->max_batched, e->max_logits, &e->ws, err);
+	rc = g4_spec_open(e, err);	/* may raise max_logits, extends the kept window */
+	if (rc == G4_OK)
+		rc = g4_workspace_init(e->model, e->max_batched, e->max_logits, &e->ws, err);
 	if (rc == G4_OK)
 		rc = g4_kvpool_init(&e->kv, e->model, opts->kv_dtype, kv_budget(e), e->max_seqs, e->max_model_len,
 							e->max_batched, opts->enable_prefix_caching != 0, err);
@@ -266,6 +270,7 @@ g4_close(g4_engine *e)
 	for (i = 0; i < e->n_seqs; i++)
 		g4_seq_free(e->seqs[i]);
 	free(e->seqs);
+	g4_spec_close(e);
 	if (e->model)
 	{
 		if (e->kv.be)
@@ -505,8 +510,13 @@ sample_on_device(g4_engine *e, int n_logits)
 	if (!e->be->ops->sample || e->logits_hook)
 		return 0;
 	for (i = 0; i < n_logits; i++)
-		if (g4_sampling_needs_hist(&e->st_logit_seq[i]->samp))
+	{
+		const g4_seq *s = e->st_logit_seq[i];
+
+		/* sampled drafts are verified against the whole distribution */
+		if (g4_sampling_needs_hist(&s->samp) || (s->n_draft > 0 && s->samp.temperature > 0.0f))
 			return 0;
+	}
 	for (i = 0; i < n_logits; i++)
 	{
 		g4_seq	   *s = e->st_logit_seq[i];
@@ -530,7 +540,8 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 	step_events se;
 	int			V = e->model->cfg.vocab_size;
 	int			device_ids = 0;
-	int			i;
+	int			i,
+				k;
 	int			rc;
 
 	if (e->n_seqs == 0)
@@ -572,6 +583,7 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 	if (sc.n_items > 0)
 	{
 		const g4_model_config *c = &e->model->cfg;
+		int			row = 0;		/* logits row */
 
 		e->stats.steps++;
 		e->stats.batch_seqs_sum += (uint64_t) sc.n_items;
@@ -580,49 +592,67 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 		for (i = 0; i < sc.n_items; i++)
 		{
 			g4_seq	   *s = sc.items[i].seq;
-			int			keep;
 
+			if (sc.items[i].n_draft > 0)
+				continue;		/* verified below, then rolled back */
 			if (s->n_computed < s->n_prompt)
 				e->stats.tokens_prefilled += (uint64_t) G4_MIN(sc.items[i].count, s->n_prompt - s->n_computed);
 			s->n_computed += sc.items[i].count;
 			/* prefix caching: completed prompt blocks become findable (before
 			 * the window trim below frees the oldest sliding ones) */
 			g4_prefix_register(e, s, sc.items[i].start, s->n_computed);
-			/* the next query is at n_computed: older blocks leave the window */
-			keep = s->n_computed - c->sliding_window + 1;
-			if (keep > 0 && s->slot >= 0)
-				g4_kvpool_trim_window(&e->kv, s->slot, keep, s->n_computed);
+			g4_seq_trim_window(e, s);
 		}
-		for (i = 0; i < meta.n_logits; i++)
+		for (k = 0; k < sc.n_items; k++)
 		{
-			g4_seq	   *s = e->st_logit_seq[i];
-			float	   *row = e->logits_host + (size_t) i * (size_t) V;
+			const g4_sched_item *it = &sc.items[k];
+			g4_seq	   *s = it->seq;
+			float	   *row_logits = e->logits_host + (size_t) row * (size_t) V;
 			int32_t		id;
 
+			if (!it->wants_logits)
+				continue;
+			if (it->n_draft > 0)
+			{
+				g4_spec_verify(e, it, row, device_ids, step_event, &se);
+				row += 1 + it->n_draft;
+				continue;
+			}
+			i = row++;
 			if (device_ids)
 				id = e->st_ids[i];
 			else
 			{
 				if (e->logits_hook)
-					e->logits_hook(e->hook_ctx, s->id, row, V);
-				id = g4_sample(row, V, &s->samp, s->has_hist ? &s->hist : NULL, c->suppress_ids, c->n_suppress,
-							   &s->rng, &e->scratch);
+					e->logits_hook(e->hook_ctx, s->id, row_logits, V);
+				id = g4_sample(row_logits, V, &s->samp, s->has_hist ? &s->hist : NULL, c->suppress_ids,
+							   c->n_suppress, &s->rng, &e->scratch);
 			}
 			if (e->token_hook)
 				e->token_hook(e->hook_ctx, s->id, id);
-			g4_seq_emit_token(e, s, id, step_event, &se);
+			s->spec_row = g4_seq_emit_token(e, s, id, step_event, &se) ? -1 : i;
 		}
 	}
 	for (i = 0; i < se.n_done; i++)
 	{
-		int			k;
-
 		for (k = 0; k < e->n_seqs; k++)
 			if (e->seqs[k]->id == se.done[i])
 			{
 				remove_seq(e, e->seqs[k]);
 				break;
 			}
+	}
+	/* the drafts the next step verifies, for the sequences still here */
+	if (sc.n_items > 0 && meta.n_logits > 0)
+	{
+		rc = g4_spec_draft(e, meta.n_logits, err);
+		if (rc != G4_OK)
+		{
+			fail_all(e, err, fn, ctx);
+			g4_schedule_free(&sc);
+			free(se.done);
+			return rc;
+		}
 	}
 	g4_schedule_free(&sc);
 	free(se.done);

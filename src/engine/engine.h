@@ -87,7 +87,22 @@ typedef struct
 	int			verbose;		/* log loading progress to stderr */
 	/* prefix caching */
 	int			enable_prefix_caching;	/* share the KV blocks of common prompt prefixes (default 1) */
+	/* mtp: speculative decoding with draft_model_path */
+	int			spec_max_batch; /* no drafting while more sequences decode
+								 * (G4_SPEC_MAX_BATCH_DEFAULT) */
+	int			bench_force_accept; /* benchmarks only: -1 (default) verifies;
+									 * a >= 0 accepts exactly min(a, drafts)
+									 * drafts whatever the target says, so
+									 * the output is no longer the model's */
 } g4_options;
+
+/* Most tokens drafted per step (num_speculative_tokens is capped here). */
+#define G4_SPEC_MAX_TOKENS 16
+/* Decoding sequences above which drafting stops paying: the verify step's
+ * k + 1 rows per sequence turn a bandwidth-bound decode into a
+ * compute-bound one.  An estimate until test/gpu/run-gpu.sh mtp measures
+ * the 12B crossover. */
+#define G4_SPEC_MAX_BATCH_DEFAULT 32
 
 /* Fill with the defaults (the seed deployment's tunables). */
 void		g4_options_default(g4_options *o);
@@ -186,6 +201,8 @@ typedef struct
 	int			max_soft_tokens;	/* per image: 70/140/280/560/1120; 0 = engine default (280) */
 	int64_t		max_image_pixels;	/* decode limits; 0 = engine defaults */
 	double		max_audio_seconds;
+	/* mtp branch */
+	int			disable_speculative;	/* 1: no drafting for this request (0, the zero value, allows it) */
 } g4_request;
 
 /* ---- events ---------------------------------------------------------- */
@@ -281,6 +298,16 @@ typedef struct
 	double		audio_seconds;	/* audio decoded and embedded */
 	double		media_decode_seconds;	/* decoding and preprocessing */
 	double		media_embed_seconds;	/* embedder forward passes */
+	/* mtp: speculative decoding (spec_drafted / spec_accepted above count
+	 * every draft position) */
+	int			spec_k;			/* num_speculative_tokens in force (0: off) */
+	int			spec_max_batch; /* drafting stops above this many decoding sequences */
+	uint64_t	spec_verify_steps;	/* sequence-steps that verified drafts */
+	uint64_t	spec_pos_drafted[G4_SPEC_MAX_TOKENS];	/* per draft position */
+	uint64_t	spec_pos_accepted[G4_SPEC_MAX_TOKENS];
+	uint64_t	spec_draft_steps;	/* assistant forward passes (one per draft position, whole batch) */
+	uint64_t	spec_draft_tokens;	/* rows they computed */
+	double		spec_draft_seconds; /* wall time spent drafting */
 } g4_stats;
 
 typedef enum

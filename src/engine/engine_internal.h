@@ -9,6 +9,7 @@
 #define G4_ENGINE_INTERNAL_H
 
 #include "chat.h"
+#include "draft.h"
 #include "kvpool.h"
 #include "model.h"
 #include "prefix_cache.h"
@@ -68,6 +69,14 @@ typedef struct g4_seq
 	double		t_submit;
 	double		t_first;
 	double		t_last;
+
+	/* speculative decoding (speculative.c): drafts for positions n_tok..,
+	 * following the pending token tok[n_tok - 1] */
+	int			spec_off;		/* the request disabled drafting */
+	int32_t		draft[G4_SPEC_MAX_TOKENS];
+	int			n_draft;
+	int			spec_row;		/* logits row of this step that chose the pending token, or -1 */
+	float		spec_rate;		/* running mean of drafts accepted per verify */
 } g4_seq;
 
 struct g4_engine
@@ -121,6 +130,24 @@ struct g4_engine
 	char		device_name[160];
 	char		kv_dtype_name[32];
 
+	/* speculative decoding (speculative.c); draft.m NULL when off */
+	g4_draft	draft;
+	int			spec_k;			/* num_speculative_tokens, capped */
+	float	   *spec_lx;		/* host [max_logits][hidden]: final-normed target rows */
+	float	   *spec_h;			/* host [max_seqs][hidden]: drafting rows' h_prev */
+	double	   *spec_p;			/* host [vocab]: target distribution (sampled verify) */
+	g4_seq	  **spec_seq;		/* [max_seqs] the drafting rows' sequences */
+	int32_t    *spec_tok,
+			   *spec_pos,
+			   *spec_slot,
+			   *spec_lo[G4_KVG_COUNT],
+			   *spec_hi[G4_KVG_COUNT],
+			   *spec_ids;
+
+	/* test hook: the drafts proposed for a sequence (may rewrite them) */
+	void		(*draft_hook) (void *ctx, uint64_t seq_id, int first_pos, int32_t *drafts, int n);
+	void	   *draft_hook_ctx;
+
 	/* test hooks: every row of logits before sampling, every sampled id */
 	void		(*logits_hook) (void *ctx, uint64_t seq_id, const float *logits, int vocab);
 	void		(*token_hook) (void *ctx, uint64_t seq_id, int32_t token);
@@ -140,6 +167,8 @@ void		g4_seq_fail(g4_engine *e, g4_seq *s, int code, const char *msg, g4_event_f
 int			g4_seq_check_blocks(const g4_engine *e, const g4_seq *s, g4_err *err);
 /* Run the embedders over the sequence's media (engine thread). */
 int			g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err);
+/* id ends a sequence (the model's and the chat format's stop ids). */
+int			g4_is_eos(const g4_engine *e, int32_t id);
 
 /* ---- schedule.c ---- */
 typedef struct
@@ -148,6 +177,7 @@ typedef struct
 	int			start;			/* first position fed this step */
 	int			count;			/* tokens fed */
 	int			wants_logits;
+	int			n_draft;		/* of which drafts to verify (every row gets logits) */
 } g4_sched_item;
 
 typedef struct
@@ -168,6 +198,27 @@ int			g4_schedule_meta(g4_engine *e, const g4_schedule *sc, g4_step_meta *meta,
 void		g4_schedule_free(g4_schedule *sc);
 /* Release a sequence's slot and KV blocks. */
 void		g4_release_slot(g4_engine *e, g4_seq *s);
+/* Free the sliding blocks no query at n_computed or later can see. */
+void		g4_seq_trim_window(g4_engine *e, g4_seq *s);
+
+/* ---- speculative.c ---- */
+/* Load the draft model named by the options (nothing when none) and size
+ * the buffers; called by g4_open after the target and before the pool. */
+int			g4_spec_open(g4_engine *e, g4_err *err);
+void		g4_spec_close(g4_engine *e);
+/* The token of position p of s: its tokens, then its drafts. */
+static inline int32_t
+g4_seq_token_at(const g4_seq *s, int p)
+{
+	return p < s->n_tok ? s->tok[p] : s->draft[p - s->n_tok];
+}
+/* Accept or reject a verify item's drafts from its logits rows (row0..),
+ * emit the tokens, roll the KV back past the last accepted position. */
+void		g4_spec_verify(g4_engine *e, const g4_sched_item *it, int row0, int device_ids, g4_event_fn fn,
+						   void *ctx);
+/* Propose the next drafts of every decoding sequence that chose a token
+ * this step (spec_row >= 0), n_logits the step's logits rows. */
+int			g4_spec_draft(g4_engine *e, int n_logits, g4_err *err);
 
 /* ---- test entry points ---- */
 
@@ -182,6 +233,10 @@ void		g4_set_hooks(g4_engine *e,
 						 void (*logits_fn) (void *ctx, uint64_t seq_id, const float *logits, int vocab),
 						 void (*token_fn) (void *ctx, uint64_t seq_id, int32_t token),
 						 void *ctx);
+
+void		g4_set_draft_hook(g4_engine *e,
+							  void (*fn) (void *ctx, uint64_t seq_id, int first_pos, int32_t *drafts, int n),
+							  void *ctx);
 
 const g4_model *g4_engine_model(const g4_engine *e);
 const g4_tokenizer *g4_engine_tokenizer(const g4_engine *e);

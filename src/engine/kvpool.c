@@ -107,7 +107,8 @@ g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs
 	memset(p, 0, sizeof(*p));
 	p->be = be;
 	p->dtype = dtype;
-	p->window = m->cfg.sliding_window;
+	/* an assistant reads a little further back than the target's window */
+	p->window = m->cfg.sliding_window + m->sliding_keep_extra;
 	p->max_seqs = max_seqs;
 	p->max_model_len = max_model_len;
 	p->caching = caching;
@@ -409,6 +410,34 @@ g4_kvpool_trim_window(g4_kvpool *p, int slot, int keep_from, int n_positions)
 	{
 		g4_kvpool_sync_row(p, slot, g, first, last);
 		p->sliding_first[slot] = last;
+	}
+}
+
+void
+g4_kvpool_truncate(g4_kvpool *p, int slot, int keep, int used)
+{
+	int			b0 = G4_DIV_UP(keep, G4_KV_BLOCK_TOKENS);
+	int			b1 = G4_MIN(G4_DIV_UP(used, G4_KV_BLOCK_TOKENS), p->max_blocks_per_seq);
+	int			g;
+
+	for (g = 0; g < G4_KVG_COUNT; g++)
+	{
+		int			b,
+					changed = 0;
+
+		for (b = b0; b < b1; b++)
+		{
+			int32_t    *e = entry(p, g, slot, b);
+
+			if (*e >= 0)
+			{
+				drop_block(p, g, *e);
+				*e = -1;
+				changed = 1;
+			}
+		}
+		if (changed)
+			g4_kvpool_sync_row(p, slot, g, b0, b1);
 	}
 }
 

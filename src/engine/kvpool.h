@@ -95,6 +95,10 @@ int			g4_kvpool_ensure(g4_kvpool *p, int slot, int from, int to);
 /* Free sliding blocks lying entirely before position `keep_from`. */
 void		g4_kvpool_trim_window(g4_kvpool *p, int slot, int keep_from, int n_positions);
 
+/* Free the blocks holding only positions >= keep of a slot that used
+ * positions up to `used` (rejected speculative positions). */
+void		g4_kvpool_truncate(g4_kvpool *p, int slot, int keep, int used);
+
 /* Free every block of a slot (n_positions: how far the slot was used). */
 void		g4_kvpool_release(g4_kvpool *p, int slot, int n_positions);
 

@@ -58,6 +58,12 @@ typedef struct g4_model
 	g4_weight  *audio_proj;		/* [hidden][640]; NULL without an audio embedder */
 	size_t		weight_bytes;	/* device bytes of all weights */
 	int64_t		n_params;
+	/* MTP assistant only (cfg.assistant): layers' qkv hold q alone */
+	g4_weight  *pre_proj;		/* [hidden][2 * backbone_hidden] */
+	g4_weight  *post_proj;		/* [backbone_hidden][hidden] */
+	/* target only: positions before the sliding window an assistant still
+	 * reads (the KV pool keeps them) */
+	int			sliding_keep_extra;
 	/* checkpoint sources kept open: CPU weights point into their mappings */
 	struct g4_safetensors *st;
 	struct g4_gguf *gguf;
@@ -66,6 +72,8 @@ typedef struct g4_model
 /* Load a model directory (safetensors) or .gguf file onto a backend. */
 int			g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose,
 						  g4_err *err);
+/* Load an MTP assistant directory (bf16 or int4) onto a backend. */
+int			g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_err *err);
 void		g4_model_free(g4_model *m);
 
 /* Activation buffers for steps of up to max_tokens rows and max_logits

@@ -247,6 +247,8 @@ load_norm(loader *L, const char *st_name, const char *gguf_name, int64_t n, floa
 	return rc;
 }
 
+static int	load_weights(loader *L, int verbose, g4_err *err);
+
 static int
 create_weight(loader *L, const g4_host_weight *parts, int n, g4_weight **out, g4_err *err)
 {
@@ -297,7 +299,10 @@ load_layer(loader *L, int i, g4_err *err)
 	} while (0)
 
 	LINEAR("self_attn.q_proj", "attn_q", ly->q_dim, H, &qkv[0]);
-	LINEAR("self_attn.k_proj", "attn_k", ly->kv_dim, H, &qkv[1]);
+	if (c->assistant)
+		has_v = 0;				/* queries only: K/V are the target's */
+	else
+		LINEAR("self_attn.k_proj", "attn_k", ly->kv_dim, H, &qkv[1]);
 	if (has_v)
 		LINEAR("self_attn.v_proj", "attn_v", ly->kv_dim, H, &qkv[2]);
 	else if (L->st)
@@ -313,7 +318,7 @@ load_layer(loader *L, int i, g4_err *err)
 	LINEAR("mlp.up_proj", "ffn_up", F, H, &gu[1]);
 	LINEAR("mlp.down_proj", "ffn_down", H, F, &down);
 
-	if (create_weight(L, qkv, has_v ? 3 : 2, &ly->qkv, err) != G4_OK ||
+	if (create_weight(L, qkv, c->assistant ? 1 : has_v ? 3 : 2, &ly->qkv, err) != G4_OK ||
 		create_weight(L, &o, 1, &ly->o, err) != G4_OK ||
 		create_weight(L, gu, 2, &ly->gate_up, err) != G4_OK ||
 		create_weight(L, &down, 1, &ly->down, err) != G4_OK)
@@ -324,7 +329,8 @@ load_layer(loader *L, int i, g4_err *err)
 	NORM("pre_feedforward_layernorm.weight", "ffn_norm", H, &ly->pre_ffn_norm);
 	NORM("post_feedforward_layernorm.weight", "post_ffw_norm", H, &ly->post_ffn_norm);
 	NORM("self_attn.q_norm.weight", "attn_q_norm", a->head_dim, &ly->q_norm);
-	NORM("self_attn.k_norm.weight", "attn_k_norm", a->head_dim, &ly->k_norm);
+	if (!c->assistant)
+		NORM("self_attn.k_norm.weight", "attn_k_norm", a->head_dim, &ly->k_norm);
 #undef LINEAR
 #undef NORM
 
@@ -523,8 +529,6 @@ g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose, g4_
 	g4_model   *m;
 	loader		L;
 	int			rc;
-	int			i;
-	int			t;
 	size_t		plen = strlen(path);
 
 	*out = NULL;
@@ -563,6 +567,25 @@ g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose, g4_
 		return rc;
 	}
 
+	rc = load_weights(&L, verbose, err);
+	if (rc != G4_OK)
+	{
+		g4_model_free(m);
+		return rc;
+	}
+	*out = m;
+	return G4_OK;
+}
+
+/* RoPE tables, embedding, final norm and layers of an opened checkpoint. */
+static int
+load_weights(loader *L, int verbose, g4_err *err)
+{
+	g4_model   *m = L->m;
+	int			rc = G4_OK;
+	int			i;
+	int			t;
+
 	for (t = 0; t < 2 && rc == G4_OK; t++)
 	{
 		const g4_attn_type *a = &m->cfg.attn[t];
@@ -578,11 +601,11 @@ g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose, g4_
 		}
 	}
 	if (rc == G4_OK)
-		rc = load_embedding(&L, err);
+		rc = load_embedding(L, err);
 	if (rc == G4_OK)
-		rc = load_norm(&L, "norm.weight", "output_norm.weight", m->cfg.hidden_size, &m->final_norm, err);
+		rc = load_norm(L, "norm.weight", "output_norm.weight", m->cfg.hidden_size, &m->final_norm, err);
 	if (rc == G4_OK)
-		rc = load_media_embedders(&L, err);
+		rc = load_media_embedders(L, err);
 	if (rc == G4_OK)
 	{
 		m->layers = g4_calloc((size_t) m->cfg.n_layers, sizeof(g4_layer));
@@ -591,7 +614,7 @@ g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose, g4_
 	}
 	for (i = 0; rc == G4_OK && i < m->cfg.n_layers; i++)
 	{
-		rc = load_layer(&L, i, err);
+		rc = load_layer(L, i, err);
 		if (verbose && rc == G4_OK)
 			fprintf(stderr, "\rloading layer %d/%d", i + 1, m->cfg.n_layers);
 	}
@@ -605,8 +628,53 @@ g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose, g4_
 		for (i = 0; i < m->cfg.n_layers; i++)
 			m->layers[i].kv.index = idx[m->layers[i].kv.group]++;
 	}
+	return rc;
+}
+
+int
+g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_err *err)
+{
+	g4_model   *m;
+	loader		L;
+	int			rc;
+
+	*out = NULL;
+	m = g4_calloc(1, sizeof(g4_model));
+	if (!m)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	m->be = be;
+	memset(&L, 0, sizeof(L));
+	L.m = m;
+	if (!g4_is_dir(dir))
+		rc = g4_fail(err, G4_ERR_IO, "%s: no such draft model directory", dir);
+	else
+		rc = g4_config_load_assistant_hf(dir, &m->cfg, err);
+	if (rc == G4_OK)
+		rc = g4_st_open(dir, &m->st, err);
+	if (rc == G4_OK)
+	{
+		int64_t		H = m->cfg.hidden_size;
+		int64_t		B = m->cfg.backbone_hidden;
+		g4_host_weight pre,
+					post;
+
+		/* the projections sit at the top level, the decoder under "model." */
+		L.st = m->st;
+		L.prefix = "";
+		rc = st_linear(&L, "pre_projection", H, 2 * B, &pre, err);
+		if (rc == G4_OK)
+			rc = st_linear(&L, "post_projection", B, H, &post, err);
+		if (rc == G4_OK)
+			rc = create_weight(&L, &pre, 1, &m->pre_proj, err);
+		if (rc == G4_OK)
+			rc = create_weight(&L, &post, 1, &m->post_proj, err);
+		L.prefix = "model.";
+	}
+	if (rc == G4_OK)
+		rc = load_weights(&L, 0, err);
 	if (rc != G4_OK)
 	{
+		g4_fail_ctx(err, "draft model %s", dir);
 		g4_model_free(m);
 		return rc;
 	}
@@ -645,6 +713,10 @@ g4_model_free(g4_model *m)
 	if (m->embed)
 		be->ops->weight_destroy(be, m->embed);
 	free_media_embedders(m);
+	if (m->pre_proj)
+		be->ops->weight_destroy(be, m->pre_proj);
+	if (m->post_proj)
+		be->ops->weight_destroy(be, m->post_proj);
 	if (m->final_norm)
 		be->ops->free(be, m->final_norm);
 	for (i = 0; i < 2; i++)

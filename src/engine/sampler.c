@@ -243,21 +243,12 @@ top_p_keep(int32_t *idx, int n, float top_p, const float *e)
 	}
 }
 
-int32_t
-g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *hist,
-		  const int32_t *suppress, int n_suppress, g4_rng *rng, g4_sampler_scratch *sc)
+/* Suppressed ids and penalties, in place. */
+static void
+adjust_logits(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *hist, const int32_t *suppress,
+			  int n_suppress)
 {
-	float	   *e;
-	float		maxl,
-				emin;
-	int32_t		best,
-				last;
-	uint64_t	total,
-				cum;
-	double		u,
-				target;
 	int			i;
-	int			n;
 
 	for (i = 0; i < n_suppress; i++)
 		if (suppress[i] >= 0 && suppress[i] < vocab)
@@ -275,16 +266,23 @@ g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *h
 				logits[i] -= p->presence_penalty + p->frequency_penalty * (float) hist->out_count[i];
 		}
 	}
+}
 
-	best = argmax(logits, vocab);
-	maxl = logits[best];
-	if (p->temperature == 0.0f)
-		return best;
-	/* one draw per sampled token, whatever happens next: the device sampler
-	 * receives the same draw from the host */
-	u = g4_rng_uniform(rng);
-	if (!isfinite(maxl))
-		return best;
+/*
+ * The kept set at temperature > 0 (maxl the largest logit, finite): fills
+ * sc->probs with each id's relative probability e and returns the id
+ * closing the kept prefix of the sampling order (ids not after it are
+ * kept) and the kept ids' total integer weight; -1 when out of memory.
+ */
+static int32_t
+kept_set(const float *logits, int vocab, float maxl, const g4_sampling *p, g4_sampler_scratch *sc,
+		 uint64_t *total)
+{
+	float	   *e;
+	float		emin;
+	int32_t		last;
+	int			i;
+	int			n;
 
 	if (sc->cap < vocab)
 	{
@@ -296,7 +294,7 @@ g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *h
 		if (ix)
 			sc->idx = ix;
 		if (!pr || !ix)
-			return best;		/* out of memory: degrade to greedy */
+			return -1;
 		sc->cap = vocab;
 	}
 	/* relative probabilities at temperature T (the largest is exactly 1) */
@@ -320,26 +318,83 @@ g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *h
 		n = top_p_keep(sc->idx, n, p->top_p, e);
 
 	/* the kept set is a prefix of the sampling order: its last entry decides
-	 * membership; the draw walks the ids in id order */
+	 * membership */
 	last = sc->idx[0];
-	total = 0;
+	*total = 0;
 	for (i = 0; i < n; i++)
 	{
 		if (before(e, last, sc->idx[i]))
 			last = sc->idx[i];
-		total += fixed_weight(e[sc->idx[i]]);
+		*total += fixed_weight(e[sc->idx[i]]);
 	}
+	return last;
+}
+
+int32_t
+g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *hist,
+		  const int32_t *suppress, int n_suppress, g4_rng *rng, g4_sampler_scratch *sc)
+{
+	float		maxl;
+	int32_t		best,
+				last;
+	uint64_t	total,
+				cum;
+	double		u,
+				target;
+	int			i;
+
+	adjust_logits(logits, vocab, p, hist, suppress, n_suppress);
+	best = argmax(logits, vocab);
+	maxl = logits[best];
+	if (p->temperature == 0.0f)
+		return best;
+	/* one draw per sampled token, whatever happens next: the device sampler
+	 * receives the same draw from the host */
+	u = g4_rng_uniform(rng);
+	if (!isfinite(maxl))
+		return best;
+	last = kept_set(logits, vocab, maxl, p, sc, &total);
+	if (last < 0)
+		return best;			/* out of memory: degrade to greedy */
+
+	/* the draw walks the kept ids in id order */
 	target = u * (double) total;
 	cum = 0;
 	best = last;
 	for (i = 0; i < vocab; i++)
 	{
-		if (before(e, last, i))
+		if (before(sc->probs, last, i))
 			continue;
 		best = i;
-		cum += fixed_weight(e[i]);
+		cum += fixed_weight(sc->probs[i]);
 		if ((double) cum > target)
 			return i;
 	}
 	return best;				/* rounding left the target unreached: the last kept id */
+}
+
+int
+g4_sample_dist(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *hist,
+			   const int32_t *suppress, int n_suppress, g4_sampler_scratch *sc, double *probs)
+{
+	int32_t		best,
+				last;
+	uint64_t	total;
+	int			i;
+
+	adjust_logits(logits, vocab, p, hist, suppress, n_suppress);
+	best = argmax(logits, vocab);
+	memset(probs, 0, (size_t) vocab * sizeof(double));
+	if (p->temperature == 0.0f || !isfinite(logits[best]))
+	{
+		probs[best] = 1.0;
+		return G4_OK;
+	}
+	last = kept_set(logits, vocab, logits[best], p, sc, &total);
+	if (last < 0)
+		return G4_ERR_NOMEM;
+	for (i = 0; i < vocab; i++)
+		if (!before(sc->probs, last, i))
+			probs[i] = (double) fixed_weight(sc->probs[i]) / (double) total;
+	return G4_OK;
 }

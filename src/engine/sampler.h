@@ -49,6 +49,13 @@ void		g4_sampler_scratch_free(g4_sampler_scratch *s);
 int32_t		g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *hist,
 					  const int32_t *suppress, int n_suppress, g4_rng *rng, g4_sampler_scratch *scratch);
 
+/* The distribution g4_sample draws from for these parameters: probs[vocab]
+ * (0 outside the kept set; one-hot at the first largest logit when
+ * greedy).  logits is modified in place; takes no draw. */
+int			g4_sample_dist(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *hist,
+						   const int32_t *suppress, int n_suppress, g4_sampler_scratch *scratch,
+						   double *probs);
+
 /* True when the parameters need the token history. */
 int			g4_sampling_needs_hist(const g4_sampling *p);
 

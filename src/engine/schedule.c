@@ -38,9 +38,21 @@ g4_release_slot(g4_engine *e, g4_seq *s)
 {
 	if (s->slot < 0)
 		return;
-	g4_kvpool_release(&e->kv, s->slot, s->n_tok + 1);
+	/* a verify step's drafts may hold blocks past the tokens */
+	g4_kvpool_release(&e->kv, s->slot, s->n_tok + 1 + s->n_draft);
 	e->slot_used[s->slot] = 0;
 	s->slot = -1;
+}
+
+void
+g4_seq_trim_window(g4_engine *e, g4_seq *s)
+{
+	/* the next query is at n_computed: older blocks leave the window (the
+	 * pool's window includes what a draft model reads beyond it) */
+	int			keep = s->n_computed - e->kv.window + 1;
+
+	if (keep > 0 && s->slot >= 0)
+		g4_kvpool_trim_window(&e->kv, s->slot, keep, s->n_computed);
 }
 
 static int
@@ -60,6 +72,7 @@ add_item(g4_schedule *sc, g4_seq *s, int start, int count, int wants_logits)
 	sc->items[sc->n_items].start = start;
 	sc->items[sc->n_items].count = count;
 	sc->items[sc->n_items].wants_logits = wants_logits;
+	sc->items[sc->n_items].n_draft = 0;
 	sc->n_items++;
 	sc->n_tokens += count;
 	sc->n_logits += wants_logits;
@@ -82,6 +95,7 @@ preempt(g4_engine *e, g4_seq *s)
 {
 	e->stats.preemptions++;
 	g4_release_slot(e, s);
+	s->n_draft = 0;
 	s->n_computed = 0;
 	s->state = G4_SEQ_WAITING;
 }
@@ -182,10 +196,23 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 
 			if (s->slot < 0 || remaining <= 0 || (pass == 0) != (remaining == 1))
 				continue;		/* preempted meanwhile, or not this pass */
+			/* a decode verifies its drafts in the same step, budget allowing */
+			s->n_draft = pass == 0 ? G4_MIN(s->n_draft, budget - 1) : 0;
+			remaining += s->n_draft;
 			count = chunk_size(s, s->n_computed, G4_MIN(remaining, budget));
 			if (count <= 0)
 				continue;
-			rc = reserve(e, sc, s, s->n_computed, s->n_computed + count);
+			/* drafts take free blocks only, never another sequence's:
+			 * without them, a plain decode */
+			rc = G4_ERR_BUSY;
+			if (s->n_draft > 0 &&
+				(rc = g4_kvpool_ensure(&e->kv, s->slot, s->n_computed, s->n_computed + count)) == G4_ERR_BUSY)
+			{
+				s->n_draft = 0;
+				count = 1;
+			}
+			if (rc == G4_ERR_BUSY)
+				rc = reserve(e, sc, s, s->n_computed, s->n_computed + count);
 			if (rc == G4_ERR_BUSY)
 			{
 				/* nothing younger to evict: this one waits its turn again */
@@ -197,12 +224,14 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 				free(running);
 				return g4_fail(err, rc, "cannot allocate KV blocks");
 			}
-			if (add_item(sc, s, s->n_computed, count, s->n_computed + count == s->n_tok) != G4_OK)
+			if (add_item(sc, s, s->n_computed, count, s->n_computed + count >= s->n_tok) != G4_OK)
 			{
 				free(running);
 				return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 			}
-			s->state = remaining == 1 ? G4_SEQ_DECODE : G4_SEQ_PREFILL;
+			sc->items[sc->n_items - 1].n_draft = s->n_draft;
+			sc->n_logits += s->n_draft;
+			s->state = pass == 0 ? G4_SEQ_DECODE : G4_SEQ_PREFILL;
 			budget -= count;
 		}
 	free(running);
@@ -308,7 +337,7 @@ g4_schedule_meta(g4_engine *e, const g4_schedule *sc, g4_step_meta *meta, g4_emb
 						hi_s,
 						hi_f;
 
-			e->st_token[row] = s->tok[p];
+			e->st_token[row] = g4_seq_token_at(s, p);
 			e->st_pos[row] = p;
 			e->st_slot[row] = s->slot;
 			if (s->n_embeds > 0 && p < s->n_prompt)
@@ -370,9 +399,15 @@ g4_schedule_meta(g4_engine *e, const g4_schedule *sc, g4_step_meta *meta, g4_emb
 		}
 		if (it->wants_logits)
 		{
-			e->st_logit_rows[n_logit] = row - 1;
-			e->st_logit_seq[n_logit] = it->seq;
-			n_logit++;
+			/* a verify item has logits on every row: its token and drafts */
+			int			r;
+
+			for (r = row - 1 - it->n_draft; r < row; r++)
+			{
+				e->st_logit_rows[n_logit] = r;
+				e->st_logit_seq[n_logit] = it->seq;
+				n_logit++;
+			}
 		}
 	}
 	memset(meta, 0, sizeof(*meta));

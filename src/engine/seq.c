@@ -223,6 +223,11 @@ g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
 	s->slot = -1;
 	s->state = G4_SEQ_WAITING;
 	s->samp = req->sampling;
+	/* speculative decoding: allowed unless the request says no; the
+	 * running acceptance starts optimistic (full k) */
+	s->spec_off = req->disable_speculative != 0;
+	s->spec_row = -1;
+	s->spec_rate = (float) G4_SPEC_MAX_TOKENS;
 	if (g4_sampling_validate(&s->samp, err) != G4_OK || build_prompt(e, s, req, err) != G4_OK)
 	{
 		g4_seq_free(s);
@@ -460,8 +465,8 @@ g4_seq_fail(g4_engine *e, g4_seq *s, int code, const char *msg, g4_event_fn fn, 
 	fn(ctx, &ev);
 }
 
-static int
-is_eos(const g4_engine *e, int32_t id)
+int
+g4_is_eos(const g4_engine *e, int32_t id)
 {
 	int			i;
 
@@ -488,7 +493,7 @@ g4_seq_emit_token(g4_engine *e, g4_seq *s, int32_t id, g4_event_fn fn, void *ctx
 		g4_seq_fail(e, s, G4_ERR_NOMEM, "out of memory storing a generated token", fn, ctx);
 		return 1;
 	}
-	if (is_eos(e, id))
+	if (g4_is_eos(e, id))
 	{
 		g4_seq_finish(e, s, G4_FINISH_STOP, fn, ctx);
 		return 1;

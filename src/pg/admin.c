@@ -17,10 +17,12 @@
  */
 #include "gemma4.h"
 
+#include "catalog/pg_type.h"
 #include "engine.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -31,7 +33,7 @@ PG_FUNCTION_INFO_V1(gemma_kv_pool);
 PG_FUNCTION_INFO_V1(gemma_requests);
 PG_FUNCTION_INFO_V1(gemma_wait_ready);
 
-#define GEMMA_STATS_COLS	36
+#define GEMMA_STATS_COLS	42
 #define GEMMA_KV_POOL_COLS	16
 #define GEMMA_REQUESTS_COLS 11
 
@@ -201,6 +203,48 @@ gemma_stats(PG_FUNCTION_ARGS)
 	values[i++] = Float8GetDatum(s.base.audio_seconds + s.stats.audio_seconds);
 	values[i++] = Float8GetDatum(s.base.media_decode_seconds + s.stats.media_decode_seconds);
 	values[i++] = Float8GetDatum(s.base.media_embed_seconds + s.stats.media_embed_seconds);
+	/* mtp: speculative decoding */
+	{
+		uint64		verifies = s.base.spec_verify_steps + s.stats.spec_verify_steps;
+		Datum		pos[G4_WIRE_SPEC_POSITIONS];
+		int			n_pos = 0;
+		int			j;
+
+		if (s.have_stats)
+			values[i] = Int32GetDatum(s.stats.spec_k);
+		else
+			nulls[i] = true;
+		i++;
+		values[i++] = Int64GetDatum((int64) drafted);
+		values[i++] = Int64GetDatum((int64) accepted);
+		/* tokens a verify step yields: the accepted drafts plus the
+		 * target's own */
+		if (verifies > 0)
+			values[i] = Float8GetDatum(1.0 + (double) accepted / (double) verifies);
+		else
+			nulls[i] = true;
+		i++;
+		for (j = 0; j < G4_WIRE_SPEC_POSITIONS; j++)
+		{
+			uint64		d = s.base.spec_pos_drafted[j] + s.stats.spec_pos_drafted[j];
+			uint64		a = s.base.spec_pos_accepted[j] + s.stats.spec_pos_accepted[j];
+
+			if (d == 0)
+				break;
+			pos[n_pos++] = Float8GetDatum((double) a / (double) d);
+		}
+		if (n_pos > 0)
+			values[i] = PointerGetDatum(construct_array(pos, n_pos, FLOAT8OID, sizeof(float8), FLOAT8PASSBYVAL,
+														TYPALIGN_DOUBLE));
+		else
+			nulls[i] = true;
+		i++;
+		if (s.have_stats)
+			values[i] = Int32GetDatum(s.stats.spec_max_batch);
+		else
+			nulls[i] = true;
+		i++;
+	}
 	Assert(i == GEMMA_STATS_COLS);
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	return (Datum) 0;

@@ -290,6 +290,7 @@ load_engine(EngineProc *ep, const G4EngineConfig *cfg)
 	o.max_num_batched_tokens = cfg->max_num_batched_tokens;
 	o.num_speculative_tokens = cfg->num_speculative_tokens;
 	o.enable_prefix_caching = cfg->enable_prefix_caching;
+	o.spec_max_batch = cfg->speculative_max_batch;
 	memset(&err, 0, sizeof(err));
 	if (ep->api.open(&o, &ep->e, &err) != G4_OK)
 		fail_and_exit(ep, G4F_LOAD_FAILED, err.code, err.msg);
@@ -577,6 +578,7 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 				req.max_soft_tokens = wr.max_soft_tokens;
 				req.max_image_pixels = wr.max_image_pixels;
 				req.max_audio_seconds = wr.max_audio_seconds;
+				req.disable_speculative = wr.disable_speculative;
 				if (ep->api.submit(ep->e, &req, &seq_id, &err) != G4_OK)
 					send_error(ep, wr.request_id, &err);
 				else if (!map_add(ep, seq_id, wr.request_id))
@@ -781,6 +783,12 @@ send_stats(EngineProc *ep)
 	w.audio_seconds = st.audio_seconds;
 	w.media_decode_seconds = st.media_decode_seconds;
 	w.media_embed_seconds = st.media_embed_seconds;
+	w.spec_k = st.spec_k;
+	w.spec_max_batch = st.spec_max_batch;
+	w.spec_verify_steps = st.spec_verify_steps;
+	StaticAssertStmt(G4_WIRE_SPEC_POSITIONS == G4_SPEC_MAX_TOKENS, "draft positions differ");
+	memcpy(w.spec_pos_drafted, st.spec_pos_drafted, sizeof(w.spec_pos_drafted));
+	memcpy(w.spec_pos_accepted, st.spec_pos_accepted, sizeof(w.spec_pos_accepted));
 	w.n_seqs = n;
 	for (i = 0; i < n; i++)
 	{

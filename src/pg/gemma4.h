@@ -52,6 +52,8 @@ extern int	g4_kv_cache_dtype;
 extern int	g4_max_num_seqs;
 extern int	g4_max_num_batched_tokens;
 extern int	g4_num_speculative_tokens;
+extern bool g4_speculative;		/* gemma4.speculative: sessions' default */
+extern int	g4_speculative_max_batch;
 extern int	g4_backend;
 extern int	g4_cpu_threads;
 extern int	g4_max_requests;
@@ -111,6 +113,8 @@ typedef struct G4WireRequest
 	int32		max_soft_tokens;
 	int64		max_image_pixels;
 	double		max_audio_seconds;
+	/* mtp */
+	int32		disable_speculative;	/* 1: no drafting for this request */
 } G4WireRequest;
 
 #define G4_MSG_LEN 1024
@@ -166,6 +170,10 @@ typedef struct G4WireKvGroup
 	uint64		prefix_hits;
 } G4WireKvGroup;
 
+/* Draft positions counted per position: the engine's G4_SPEC_MAX_TOKENS
+ * (engine_proc.c checks that they agree). */
+#define G4_WIRE_SPEC_POSITIONS 16
+
 /* Engine statistics (g4_stats_get) with the strings copied in. */
 typedef struct G4WireStats
 {
@@ -197,6 +205,12 @@ typedef struct G4WireStats
 	double		media_decode_seconds;
 	double		media_embed_seconds;
 	int32		n_seqs;			/* G4WireSeq entries following in the frame */
+	/* mtp: speculative decoding (see g4_stats) */
+	int32		spec_k;
+	int32		spec_max_batch;
+	uint64		spec_verify_steps;
+	uint64		spec_pos_drafted[G4_WIRE_SPEC_POSITIONS];
+	uint64		spec_pos_accepted[G4_WIRE_SPEC_POSITIONS];
 } G4WireStats;
 
 /* One live sequence (g4_seqs_get), durations already computed. */
@@ -430,6 +444,7 @@ typedef struct G4EngineConfig
 	int			max_num_seqs;
 	int			max_num_batched_tokens;
 	int			num_speculative_tokens;
+	int			speculative_max_batch;	/* mtp: gemma4.speculative_max_batch */
 	int			max_requests;
 	pid_t		supervisor_pid;
 	/* prefix caching */

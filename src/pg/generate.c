@@ -30,6 +30,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "engine.h"
 #include "fmgr.h"
@@ -41,6 +42,7 @@
 #include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/numeric.h"
+#include "utils/syscache.h"
 
 PG_FUNCTION_INFO_V1(gemma_generate);
 PG_FUNCTION_INFO_V1(gemma_complete);
@@ -114,6 +116,7 @@ build_init(G4Build *b, G4RequestKind kind)
 	b->req.max_soft_tokens = g4_max_soft_tokens;
 	b->req.max_image_pixels = g4_max_image_pixels;
 	b->req.max_audio_seconds = g4_max_audio_seconds;
+	b->req.disable_speculative = g4_speculative ? 0 : 1;
 	initStringInfo(&b->items);
 }
 
@@ -273,6 +276,44 @@ add_stop(G4Build *b, const char *s)
 	add_text_item(b, G4_ITEM_STOP, s);
 }
 
+/* ---- mtp: the per-call speculative switch ---- */
+
+/*
+ * Position of the called function's argument named `name`, or -1.  The
+ * trailing per-call options (speculative and its siblings) are found by
+ * name, so the order in which they follow the shared arguments is free.
+ */
+static int
+named_arg(FunctionCallInfo fcinfo, const char *name)
+{
+	HeapTuple	tp = SearchSysCache1(PROCOID, ObjectIdGetDatum(fcinfo->flinfo->fn_oid));
+	Oid		   *types;
+	char	  **names;
+	char	   *modes;
+	int			n;
+	int			i;
+	int			pos = -1;
+
+	if (!HeapTupleIsValid(tp))
+		elog(ERROR, "cache lookup failed for function %u", fcinfo->flinfo->fn_oid);
+	n = get_func_arg_info(tp, &types, &names, &modes);
+	for (i = 0; names && i < n; i++)
+		if (names[i] && strcmp(names[i], name) == 0)
+			pos = i;
+	ReleaseSysCache(tp);
+	return pos < PG_NARGS() ? pos : -1;
+}
+
+/* speculative => true/false overrides gemma4.speculative for this call. */
+static void
+speculative_from_call(G4Build *b, FunctionCallInfo fcinfo)
+{
+	int			pos = named_arg(fcinfo, "speculative");
+
+	if (pos >= 0 && !PG_ARGISNULL(pos))
+		b->req.disable_speculative = PG_GETARG_BOOL(pos) ? 0 : 1;
+}
+
 /* The sampling arguments gemma_generate and gemma_complete share. */
 static void
 args_from_call(G4Build *b, FunctionCallInfo fcinfo, const G4ArgPos *pos)
@@ -287,6 +328,7 @@ args_from_call(G4Build *b, FunctionCallInfo fcinfo, const G4ArgPos *pos)
 		set_top_k(b, PG_GETARG_INT32(pos->top_k));
 	if (!PG_ARGISNULL(pos->seed))
 		set_seed(b, PG_GETARG_INT64(pos->seed));
+	speculative_from_call(b, fcinfo);
 	if (!PG_ARGISNULL(pos->stop))
 	{
 		ArrayType  *arr = PG_GETARG_ARRAYTYPE_P(pos->stop);
@@ -952,6 +994,14 @@ parse_options(G4Build *b, Jsonb *options)
 			b->req.presence_penalty = json_ranged(&v, key, -2.0, 2.0);
 		else if (strcmp(key, "frequency_penalty") == 0)
 			b->req.frequency_penalty = json_ranged(&v, key, -2.0, 2.0);
+		else if (strcmp(key, "speculative") == 0)
+		{
+			if (v.type != jbvBool)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("option \"speculative\" must be a boolean")));
+			b->req.disable_speculative = v.val.boolean ? 0 : 1;
+		}
 		else if (strcmp(key, "thinking") == 0)
 		{
 			if (v.type != jbvBool)
@@ -989,7 +1039,7 @@ parse_options(G4Build *b, Jsonb *options)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("unrecognized gemma_chat option \"%s\"", key),
-					 errhint("Valid options are max_tokens, temperature, top_p, top_k, min_p, seed, stop, thinking, repetition_penalty, presence_penalty, frequency_penalty and max_soft_tokens.")));
+					 errhint("Valid options are max_tokens, temperature, top_p, top_k, min_p, seed, stop, thinking, repetition_penalty, presence_penalty, frequency_penalty, max_soft_tokens and speculative.")));
 	}
 }
 

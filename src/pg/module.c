@@ -37,6 +37,8 @@ int			g4_kv_cache_dtype = G4_KV_TURBOQUANT_K8V4;
 int			g4_max_num_seqs = 16;
 int			g4_max_num_batched_tokens = 16384;
 int			g4_num_speculative_tokens = 4;
+bool		g4_speculative = true;
+int			g4_speculative_max_batch = G4_SPEC_MAX_BATCH_DEFAULT;
 int			g4_backend = G4_BACKEND_AUTO;
 int			g4_cpu_threads = 0;
 int			g4_max_requests = 64;
@@ -219,7 +221,23 @@ define_server_gucs(void)
 							"Tokens the draft model proposes per step.",
 							"Used only with gemma4.draft_model_dir.",
 							&g4_num_speculative_tokens,
-							4, 0, 16,
+							4, 0, G4_SPEC_MAX_TOKENS,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("gemma4.speculative",
+							 "Whether this session's requests use speculative decoding.",
+							 "Only with gemma4.draft_model_dir; a call's speculative argument or option overrides it.",
+							 &g4_speculative,
+							 true,
+							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.speculative_max_batch",
+							"Decoding sequences above which no sequence drafts.",
+							"Above it the verify step's extra rows cost more than the drafts save.",
+							&g4_speculative_max_batch,
+							G4_SPEC_MAX_BATCH_DEFAULT, 0, 4096,
 							PGC_POSTMASTER, 0,
 							NULL, NULL, NULL);
 

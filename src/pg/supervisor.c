@@ -412,11 +412,6 @@ prepare_config(void)
 		}
 	}
 	strlcpy(c->draft_model_path, g4_draft_model_dir, sizeof(c->draft_model_path));
-	if (c->draft_model_path[0] != '\0')
-		ereport(WARNING,
-				(errmsg("gemma4.draft_model_dir is set but speculative decoding is not implemented in this version"),
-				 errdetail("The model is served without the MTP assistant; gemma4.num_speculative_tokens has no effect."),
-				 errhint("Unset gemma4.draft_model_dir to silence this warning.")));
 	c->backend = g4_backend;
 	c->threads = g4_cpu_threads;
 	c->max_model_len = g4_max_model_len;
@@ -425,6 +420,7 @@ prepare_config(void)
 	c->max_num_seqs = g4_max_num_seqs;
 	c->max_num_batched_tokens = g4_max_num_batched_tokens;
 	c->num_speculative_tokens = g4_num_speculative_tokens;
+	c->speculative_max_batch = g4_speculative_max_batch;
 	c->max_requests = n_requests;
 	c->supervisor_pid = MyProcPid;
 	c->enable_prefix_caching = g4_enable_prefix_caching;
@@ -563,6 +559,7 @@ engine_exited(int status)
 	{
 		G4WireStats *b = &g4_shared->base;
 		G4WireStats *s = &g4_shared->stats;
+		int			j;
 
 		b->steps += s->steps;
 		b->tokens_prefilled += s->tokens_prefilled;
@@ -578,6 +575,12 @@ engine_exited(int status)
 		b->audio_seconds += s->audio_seconds;
 		b->media_decode_seconds += s->media_decode_seconds;
 		b->media_embed_seconds += s->media_embed_seconds;
+		b->spec_verify_steps += s->spec_verify_steps;
+		for (j = 0; j < G4_WIRE_SPEC_POSITIONS; j++)
+		{
+			b->spec_pos_drafted[j] += s->spec_pos_drafted[j];
+			b->spec_pos_accepted[j] += s->spec_pos_accepted[j];
+		}
 	}
 	g4_shared->have_stats = false;
 	g4_shared->n_seqs = 0;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run-gpu.sh — the CUDA backend's checks and benchmarks, on a GPU machine.
 #
-#   test/gpu/run-gpu.sh [parity] [bench] [hf] [sanitize] [engine] [prefix] [pg]
+#   test/gpu/run-gpu.sh [parity] [bench] [hf] [sanitize] [engine] [prefix] [mtp] [pg]
 #                                              (default: parity bench hf)
 #
 # parity    every GPU operation against the CPU backend (build/run-gpu-tests)
@@ -12,6 +12,12 @@
 #           gemma4-run: batch 1, 16 and 64 with 2k prompts
 # prefix    the prefix cache through the engine (bench-prefix): 640 requests
 #           sharing a 1,000-token prefix, 500 tokens of their own, batch 64
+# mtp       speculative decoding on the 12B shape with a random 12B-shaped
+#           assistant (/tmp/m12b-assistant) through gemma4-run: plain decode
+#           and drafting with a = 0..4 drafts forced accepted at batch 1, and
+#           plain, a = 0 and a = 3 at 16 and 64 (assistant time per draft
+#           token, tokens/s per a; the verify step's cost is the a = 0 run's
+#           step time less its drafting time)
 # pg        PostgreSQL end to end (test/gpu/pg-e2e.sh; needs build/device)
 #
 # Builds what a stage needs when it is missing or does not start here (sm_90
@@ -40,7 +46,7 @@ BIN=${G4_BIN:-build}
 need=$BIN/gemma4-make-model
 if has parity || has sanitize; then need="$need $BIN/run-gpu-tests"; fi
 if has bench; then need="$need $BIN/bench-gpu"; fi
-if has engine; then need="$need $BIN/gemma4-run"; fi
+if has engine || has mtp; then need="$need $BIN/gemma4-run"; fi
 if has prefix; then need="$need $BIN/bench-prefix"; fi
 need_build=0
 for b in $need; do
@@ -59,10 +65,14 @@ mkdir -p "$(dirname "$TINY")"
 if [ ! -f "$TINY/config.json" ]; then
 	"$BIN/gemma4-make-model" --preset tiny --out "$TINY" >/dev/null || exit 1
 fi
+# its MTP assistant (test_gpu_mtp.c)
+if [ ! -f "$TINY-assistant/config.json" ]; then
+	"$BIN/gemma4-make-model" --preset tiny --assistant --out "$TINY-assistant" >/dev/null || exit 1
+fi
 
 # the 12B-shaped model is written on the CPU while the parity tests run
 GEN_PID=
-if { has bench || has hf || has engine || has prefix || has pg; } && [ ! -f "$M12B/config.json" ]; then
+if { has bench || has hf || has engine || has prefix || has mtp || has pg; } && [ ! -f "$M12B/config.json" ]; then
 	say "generating the 12B-shaped model in $M12B (background)"
 	( t0=$(date +%s); "$BIN/gemma4-make-model" --preset 12b --out "$M12B.tmp" >"$LOGS/make12b.log" 2>&1 &&
 		mv "$M12B.tmp" "$M12B" && echo "generated in $(( $(date +%s) - t0 )) s" >>"$LOGS/make12b.log" ) &
@@ -120,6 +130,21 @@ if has prefix; then
 	echo "exit $?" >>"$LOGS/prefix.log"
 fi
 
+if has mtp; then
+	say "speculative decoding through gemma4-run (log: mtp.log)"
+	[ -f "$M12B-assistant/config.json" ] ||
+		"$BIN/gemma4-make-model" --preset 12b --assistant --out "$M12B-assistant" >/dev/null || exit 1
+	: >"$LOGS/mtp.log"
+	for run in "1 -" "1 0" "1 1" "1 2" "1 3" "1 4" "16 -" "16 0" "16 3" "64 -" "64 0" "64 3"; do
+		set -- $run
+		echo "-- batch $1, 512-token prompts, 128 new tokens, accepted drafts forced: $2" >>"$LOGS/mtp.log"
+		if [ "$2" = - ]; then spec=; else spec="--draft $M12B-assistant --bench-accept $2 --spec-max-batch 4096"; fi
+		timeout 200 "$BIN/gemma4-run" --model "$M12B" --backend cuda --bench --bench-prompt-tokens 512 \
+			--max-tokens 128 --batch "$1" $spec >>"$LOGS/mtp.log" 2>&1
+	done
+	echo "exit $?" >>"$LOGS/mtp.log"
+fi
+
 if has pg; then
 	say "PostgreSQL end to end (log: pg.log)"
 	G4_BIN=$BIN timeout 300 test/gpu/pg-e2e.sh "$LOGS/pg" 30 >"$LOGS/pg.log" 2>&1
@@ -146,6 +171,11 @@ if has bench && [ -f "$LOGS/bench.log" ]; then
 	sed -n '/== bench-gpu summary/,$p' "$LOGS/bench.log"
 	grep -E 'error|failed|bench-gpu:' "$LOGS/bench.log" | head -5
 	tail -1 "$LOGS/bench.log"
+fi
+if has mtp && [ -f "$LOGS/mtp.log" ]; then
+	echo "-- mtp"
+	grep -E '^(--|decode:|drafts:|assistant:)' "$LOGS/mtp.log"
+	tail -1 "$LOGS/mtp.log"
 fi
 if has hf && [ -f "$LOGS/hf.log" ]; then
 	echo "-- transformers"

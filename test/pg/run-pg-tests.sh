@@ -92,6 +92,13 @@ if [ ! -f "$MODEL/config.json" ]; then
 	"$REPO/build/gemma4-make-model" --preset tiny --out "$MODEL" >/dev/null || exit 2
 fi
 export G4_MODEL_DIR=$MODEL
+# its MTP assistant (t/003_speculative.pl)
+DRAFT=$MODEL-assistant
+if [ ! -f "$DRAFT/config.json" ] && [ -x "$REPO/build/gemma4-make-model" ]; then
+	DRAFT=$TMP/model-assistant
+	"$REPO/build/gemma4-make-model" --preset tiny --assistant --out "$DRAFT" >/dev/null || exit 2
+fi
+export G4_DRAFT_DIR=$DRAFT
 # the embedded default model, when it was fetched (make fetch-default-model)
 if [ -f "$REPO/build/models/gemma-3-270m-q4_k_m.gguf" ]; then
 	export G4_DEFAULT_GGUF=$REPO/build/models/gemma-3-270m-q4_k_m.gguf
