@@ -24,12 +24,13 @@ CREATE FUNCTION gemma_generate(prompt text,
 							   top_k int DEFAULT NULL,
 							   seed bigint DEFAULT NULL,
 							   stop text[] DEFAULT NULL,
-							   system text DEFAULT NULL)
+							   system text DEFAULT NULL,
+							   allow_control_tokens boolean DEFAULT false)
 RETURNS text
 AS 'MODULE_PATHNAME', 'gemma_generate'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000;
 
-COMMENT ON FUNCTION gemma_generate(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text) IS
+COMMENT ON FUNCTION gemma_generate(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, boolean) IS
 'single-turn chat: the answer to prompt (after an optional system message); greedy unless temperature is given';
 
 CREATE FUNCTION gemma_complete(prompt text,
@@ -38,13 +39,14 @@ CREATE FUNCTION gemma_complete(prompt text,
 							   top_p float8 DEFAULT NULL,
 							   top_k int DEFAULT NULL,
 							   seed bigint DEFAULT NULL,
-							   stop text[] DEFAULT NULL)
+							   stop text[] DEFAULT NULL,
+							   allow_control_tokens boolean DEFAULT false)
 RETURNS text
 AS 'MODULE_PATHNAME', 'gemma_complete'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000;
 
-COMMENT ON FUNCTION gemma_complete(text, int, float8, float8, int, bigint, text[]) IS
-'raw completion: the text that follows prompt, no chat format applied';
+COMMENT ON FUNCTION gemma_complete(text, int, float8, float8, int, bigint, text[], boolean) IS
+'raw completion: the text that follows prompt, no chat format applied; special-token text in prompt is plain text unless allow_control_tokens';
 
 /*
  * One row per decoded piece, as it is decoded.  Rows stream when the call
@@ -62,12 +64,13 @@ CREATE FUNCTION gemma_generate_stream(prompt text,
 									  top_k int DEFAULT NULL,
 									  seed bigint DEFAULT NULL,
 									  stop text[] DEFAULT NULL,
-									  system text DEFAULT NULL)
+									  system text DEFAULT NULL,
+									  allow_control_tokens boolean DEFAULT false)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'gemma_generate_stream'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000 ROWS 100;
 
-COMMENT ON FUNCTION gemma_generate_stream(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text) IS
+COMMENT ON FUNCTION gemma_generate_stream(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, boolean) IS
 'gemma_generate, one row per decoded piece';
 
 CREATE FUNCTION gemma_complete_stream(prompt text,
@@ -76,12 +79,13 @@ CREATE FUNCTION gemma_complete_stream(prompt text,
 									  top_p float8 DEFAULT NULL,
 									  top_k int DEFAULT NULL,
 									  seed bigint DEFAULT NULL,
-									  stop text[] DEFAULT NULL)
+									  stop text[] DEFAULT NULL,
+									  allow_control_tokens boolean DEFAULT false)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'gemma_complete_stream'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000 ROWS 100;
 
-COMMENT ON FUNCTION gemma_complete_stream(text, int, float8, float8, int, bigint, text[]) IS
+COMMENT ON FUNCTION gemma_complete_stream(text, int, float8, float8, int, bigint, text[], boolean) IS
 'gemma_complete, one row per decoded piece';
 
 /*
@@ -100,12 +104,13 @@ CREATE FUNCTION gemma_complete_batch(prompts text[],
 									 top_p float8 DEFAULT NULL,
 									 top_k int DEFAULT NULL,
 									 seed bigint DEFAULT NULL,
-									 stop text[] DEFAULT NULL)
+									 stop text[] DEFAULT NULL,
+									 allow_control_tokens boolean DEFAULT false)
 RETURNS text[]
 AS 'MODULE_PATHNAME', 'gemma_complete_batch'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
 
-COMMENT ON FUNCTION gemma_complete_batch(text[], int, float8, float8, int, bigint, text[]) IS
+COMMENT ON FUNCTION gemma_complete_batch(text[], int, float8, float8, int, bigint, text[], boolean) IS
 'gemma_complete over many prompts at once, generated together';
 
 CREATE FUNCTION gemma_generate_batch(prompts text[],
@@ -115,12 +120,13 @@ CREATE FUNCTION gemma_generate_batch(prompts text[],
 									 top_k int DEFAULT NULL,
 									 seed bigint DEFAULT NULL,
 									 stop text[] DEFAULT NULL,
-									 system text DEFAULT NULL)
+									 system text DEFAULT NULL,
+									 allow_control_tokens boolean DEFAULT false)
 RETURNS text[]
 AS 'MODULE_PATHNAME', 'gemma_generate_batch'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
 
-COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text) IS
+COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text, boolean) IS
 'gemma_generate over many prompts at once, generated together';
 
 CREATE FUNCTION gemma_chat(messages jsonb, options jsonb DEFAULT '{}')

@@ -160,6 +160,9 @@ typedef struct
 	const char *const *stop;	/* stop strings, may be NULL */
 	int			n_stop;
 	uint64_t	user_tag;		/* opaque, echoed in stats */
+	/* safety branch */
+	int			allow_control_tokens;	/* 0 (default): special-token text inside prompt / message
+										 * content is tokenised as plain text; 1: parsed as control tokens */
 } g4_request;
 
 /* ---- events ---------------------------------------------------------- */

@@ -60,8 +60,14 @@ build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 		case G4_INPUT_TEXT:
 			if (!req->prompt || req->prompt[0] == '\0')
 				return g4_fail(err, G4_ERR_INVALID, "the prompt is empty");
-			return g4_tok_encode(e->tok, req->prompt, strlen(req->prompt), 1, &s->tok, &s->n_tok,
-								 &s->cap_tok, err);
+			{
+				/* the whole prompt is data unless control tokens are allowed */
+				g4_tok_span all = {0, strlen(req->prompt)};
+
+				return g4_tok_encode_plain(e->tok, req->prompt, all.len, 1,
+										   &all, req->allow_control_tokens ? 0 : 1,
+										   &s->tok, &s->n_tok, &s->cap_tok, err);
+			}
 		case G4_INPUT_CHAT:
 			if (!e->chat_ok)
 				return g4_fail(err, G4_ERR_UNSUPPORTED, "this model's tokenizer lacks the chat format's tokens");
@@ -79,7 +85,7 @@ build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 					return g4_fail(err, G4_ERR_INVALID, "a system message may only come first (message %d)", i + 1);
 			}
 			return g4_chat_encode(e->tok, &e->chat, req->messages, req->n_messages, req->enable_thinking, 1,
-								  &s->tok, &s->n_tok, &s->cap_tok, err);
+								  req->allow_control_tokens, &s->tok, &s->n_tok, &s->cap_tok, err);
 		case G4_INPUT_TOKENS:
 			if (req->n_tokens <= 0 || !req->tokens)
 				return g4_fail(err, G4_ERR_INVALID, "the prompt has no tokens");

@@ -810,6 +810,11 @@ typedef struct
 	size_t		heap_len;
 	g4_buf		norm;
 	g4_buf		tmp;
+	/* spans of the text where special tokens are plain text */
+	const char *text;
+	const g4_tok_span *plain;
+	int			n_plain;
+	int			stretch_plain;	/* the stage 1 stretch touches a plain span */
 } enc_ctx;
 
 static int
@@ -1227,6 +1232,59 @@ word_after(const unsigned char *s, size_t n, size_t i)
 
 static int encode_stretch(enc_ctx *c, const char *s, size_t n, int normalized_stage);
 
+/* The plain span containing text offset pos, or NULL. */
+static const g4_tok_span *
+plain_span_at(const enc_ctx *c, size_t pos)
+{
+	int			i;
+
+	for (i = 0; i < c->n_plain; i++)
+		if (pos >= c->plain[i].off && pos - c->plain[i].off < c->plain[i].len)
+			return &c->plain[i];
+	return NULL;
+}
+
+/* Does [off, off + n) of the text overlap a plain span? */
+static int
+touches_plain(const enc_ctx *c, size_t off, size_t n)
+{
+	int			i;
+
+	for (i = 0; i < c->n_plain; i++)
+		if (off < c->plain[i].off + c->plain[i].len && c->plain[i].off < off + n)
+			return 1;
+	return 0;
+}
+
+/*
+ * May a special token found at str[start..stop) be a control token?  When
+ * not, *resume is where the search goes on.  Stage 0 works on the text
+ * itself (offsets known); stage 2 on normalised text, where a stretch that
+ * touches a plain span has all its special tokens as text.
+ */
+static int
+special_allowed(const enc_ctx *c, const char *str, size_t start, size_t stop, int stage,
+				size_t *resume)
+{
+	size_t		off;
+	const g4_tok_span *sp;
+
+	*resume = stop;
+	if (c->n_plain == 0)
+		return 1;
+	if (stage != 0)
+		return !c->stretch_plain;
+	off = (size_t) (str - c->text);
+	if (!touches_plain(c, off + start, stop - start))
+		return 1;
+	sp = plain_span_at(c, off + start);
+	if (sp == NULL)
+		*resume = start + 1;	/* begins before the data, runs into it */
+	else if (sp->off + sp->len < off + stop)
+		*resume = sp->off + sp->len - off;	/* runs past the data's end */
+	return 0;
+}
+
 /*
  * Find the added tokens of one trie in s; encode the gaps with the next
  * stage.  This follows the reference's find_matches step for step:
@@ -1264,6 +1322,8 @@ split_added(enc_ctx *c, const g4_tok_trie *tr, const char *str, size_t n, int st
 		start = i;
 		stop = i + len;
 		i = stop;
+		if (a->special && !special_allowed(c, str, start, stop, stage, &i))
+			continue;
 		if (a->single_word && (word_before(s, start) || word_after(s, n, stop)))
 			continue;
 		if (a->lstrip)
@@ -1316,6 +1376,8 @@ encode_stretch(enc_ctx *c, const char *s, size_t n, int stage)
 	{
 		g4_buf		own;
 
+		c->stretch_plain = c->n_plain > 0 && touches_plain(c, (size_t) (s - c->text), n);
+
 		if ((rc = normalize(t, s, n, &c->norm, &c->tmp, c->err)) != G4_OK)
 			return rc;
 		if (t->norm_trie.n_nodes == 0)
@@ -1335,10 +1397,21 @@ int
 g4_tok_encode(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
 			  int32_t **ids, int *n, int *cap, g4_err *err)
 {
+	return g4_tok_encode_plain(t, text, len, add_bos, NULL, 0, ids, n, cap, err);
+}
+
+int
+g4_tok_encode_plain(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
+					const g4_tok_span *plain, int n_plain,
+					int32_t **ids, int *n, int *cap, g4_err *err)
+{
 	enc_ctx		c;
 	int			rc = G4_OK;
 
 	memset(&c, 0, sizeof(c));
+	c.text = text;
+	c.plain = plain;
+	c.n_plain = n_plain;
 	c.t = t;
 	c.ids = ids;
 	c.n = n;

@@ -51,6 +51,7 @@
 #undef vsnprintf
 
 #define STATS_INTERVAL 0.1		/* seconds */
+#define REPLY_CHUNK		((size_t) 1 << 20)	/* largest piece of a tokenizer reply */
 
 /* Exit statuses, as the supervisor logs them. */
 #define EXIT_SETUP		1		/* could not set the process up, or load the model */
@@ -116,6 +117,8 @@ static void handle_submit(EngineProc *ep, const char *body, size_t len);
 static void handle_cancel(EngineProc *ep, const char *body, size_t len);
 static void on_event(void *ctx, const g4_event *ev);
 static void send_error(EngineProc *ep, uint64 request_id, const g4_err *err);
+static bool send_reply(EngineProc *ep, uint32 type, uint64 request_id, const void *data, size_t len,
+					   size_t unit);
 static void send_finish(EngineProc *ep, uint64 request_id, int prompt_tokens, int completion_tokens);
 static void send_stats(EngineProc *ep);
 static void flush_out(EngineProc *ep);
@@ -534,6 +537,7 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 				req.stop = n_stops > 0 ? stops : NULL;
 				req.n_stop = n_stops;
 				req.user_tag = wr.request_id;
+				req.allow_control_tokens = wr.allow_control_tokens;
 				if (ep->api.submit(ep->e, &req, &seq_id, &err) != G4_OK)
 					send_error(ep, wr.request_id, &err);
 				else if (!map_add(ep, seq_id, wr.request_id))
@@ -549,12 +553,8 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 
 				if (ep->api.tokenize(ep->e, prompt ? prompt : "", prompt_len, 0, &tok, &n_tok, &err) != G4_OK)
 					send_error(ep, id, &err);
-				else
-				{
-					if (!g4p_put_frame(&ep->out, G4F_IDS, &id, sizeof(id), tok, (size_t) n_tok * sizeof(int32_t)))
-						out_of_memory(ep);
+				else if (send_reply(ep, G4F_IDS, id, tok, (size_t) n_tok * sizeof(int32_t), sizeof(int32_t)))
 					send_finish(ep, id, n_tok, 0);
-				}
 				free(tok);
 				break;
 			}
@@ -562,18 +562,11 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 			{
 				char	   *text = NULL;
 				size_t		text_len = 0;
-				G4WireText t;
 
 				if (ep->api.detokenize(ep->e, ids, n_ids, &text, &text_len, &err) != G4_OK)
 					send_error(ep, wr.request_id, &err);
-				else
-				{
-					t.request_id = wr.request_id;
-					t.channel = G4_CHANNEL_CONTENT;
-					if (!g4p_put_frame(&ep->out, G4F_TEXT, &t, sizeof(t), text, text_len))
-						out_of_memory(ep);
+				else if (send_reply(ep, G4F_TEXT, wr.request_id, text, text_len, 1))
 					send_finish(ep, wr.request_id, n_ids, 0);
-				}
 				free(text);
 				break;
 			}
@@ -673,6 +666,55 @@ send_error(EngineProc *ep, uint64 request_id, const g4_err *err)
 	copy_str(e.msg, sizeof(e.msg), err->msg);
 	if (!g4p_put_frame(&ep->out, G4F_ERROR, &e, sizeof(e), NULL, 0))
 		out_of_memory(ep);
+}
+
+/*
+ * A tokenizer reply (G4F_IDS or G4F_TEXT content) in frames of at most
+ * REPLY_CHUNK bytes, cut at multiples of unit: no frame approaches the frame
+ * limit, and the supervisor relays the pieces one by one.  A reply larger
+ * than G4_MAX_REPLY is an error of this request only.  False when the
+ * request was failed instead.
+ */
+static bool
+send_reply(EngineProc *ep, uint32 type, uint64 request_id, const void *data, size_t len,
+		   size_t unit)
+{
+	const size_t chunk = REPLY_CHUNK - REPLY_CHUNK % unit;
+	size_t		off = 0;
+
+	if (len > G4_MAX_REPLY)
+	{
+		g4_err		err;
+
+		err.code = G4_ERR_TOO_LONG;
+		snprintf(err.msg, sizeof(err.msg),
+				 "the reply would take %zu bytes, more than the limit of %zu bytes; pass a shorter input",
+				 len, (size_t) G4_MAX_REPLY);
+		send_error(ep, request_id, &err);
+		return false;
+	}
+	do
+	{
+		size_t		n = len - off < chunk ? len - off : chunk;
+		bool		ok;
+
+		if (type == G4F_TEXT)
+		{
+			G4WireText t;
+
+			t.request_id = request_id;
+			t.channel = G4_CHANNEL_CONTENT;
+			ok = g4p_put_frame(&ep->out, type, &t, sizeof(t), (const char *) data + off, n);
+		}
+		else
+			ok = g4p_put_frame(&ep->out, type, &request_id, sizeof(request_id), (const char *) data + off, n);
+		if (!ok)
+			out_of_memory(ep);
+		off += n;
+		/* hand each piece over now: the buffer stays one chunk large */
+		flush_out(ep);
+	} while (off < len);
+	return true;
 }
 
 static void

@@ -56,6 +56,21 @@ extern int	g4_max_requests;
 extern int	g4_default_max_tokens;
 extern int	g4_request_timeout;
 
+/* ---- input limits: what one call may ask of the shared engine ----------- */
+
+extern int	g4_max_prompt_bytes;	/* gemma4.max_prompt_bytes, 0 = from the window */
+
+/* Bytes of prompt text per token of the window when max_prompt_bytes is 0. */
+#define G4_PROMPT_BYTES_PER_TOKEN	16
+/* Stop strings of one request, and bytes (UTF-8) of each. */
+#define G4_MAX_STOP_STRINGS		16
+#define G4_MAX_STOP_BYTES		1024
+/* Largest tokenizer reply (ids or text) the engine process sends. */
+#define G4_MAX_REPLY			((size_t) 256 << 20)
+
+extern int64 g4_prompt_bytes_limit(int window);
+extern void g4_check_prompt_bytes(int64 bytes, int64 limit, const char *what);
+
 /* ---- request kinds and wire structures ---------------------------------- */
 
 typedef enum G4RequestKind
@@ -91,6 +106,8 @@ typedef struct G4WireRequest
 	uint64		seed;
 	int32		thinking;
 	uint32		items_len;		/* bytes of payload items that follow */
+	/* safety: special-token text in the content is parsed as control tokens */
+	int32		allow_control_tokens;
 } G4WireRequest;
 
 #define G4_MSG_LEN 1024
@@ -215,8 +232,12 @@ typedef struct G4Buf
 	size_t		cap;
 } G4Buf;
 
+/* Capacity an empty buffer keeps; a larger one is freed when it empties. */
+#define G4_BUF_KEEP		((size_t) 4 << 20)
+
 extern void g4buf_consume(G4Buf *b, size_t n);
 extern void g4buf_free(G4Buf *b);
+extern void g4buf_shrink(G4Buf *b);
 #define g4buf_pending(b) ((b)->len - (b)->off)
 
 extern bool g4p_put_frame(G4Buf *out, uint32 type, const void *head, size_t head_len,

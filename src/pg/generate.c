@@ -55,6 +55,8 @@ typedef struct G4Build
 {
 	G4WireRequest req;
 	bool		has_max_tokens;
+	int			n_stop;
+	int64		prompt_bytes;	/* UTF-8 bytes of the prompt or messages */
 	StringInfoData items;
 } G4Build;
 
@@ -67,14 +69,20 @@ typedef struct G4ArgPos
 	int			top_k;
 	int			seed;
 	int			stop;
+	int			allow_control_tokens;
 } G4ArgPos;
 
-/* gemma_generate(prompt, images, audio, max_tokens, temperature, top_p, top_k, seed, stop, system) */
-static const G4ArgPos generate_args = {3, 4, 5, 6, 7, 8};
+/* gemma_generate(prompt, images, audio, max_tokens, temperature, top_p, top_k, seed, stop, system,
+ *				  allow_control_tokens) */
+static const G4ArgPos generate_args = {3, 4, 5, 6, 7, 8, 10};
 
-/* gemma_complete(prompt, max_tokens, temperature, top_p, top_k, seed, stop),
- * and the batch functions' shared arguments after prompts[] */
-static const G4ArgPos complete_args = {1, 2, 3, 4, 5, 6};
+/* gemma_complete(prompt, max_tokens, temperature, top_p, top_k, seed, stop, allow_control_tokens) */
+static const G4ArgPos complete_args = {1, 2, 3, 4, 5, 6, 7};
+
+/* the batch functions: prompts[], then gemma_complete's arguments; gemma_generate_batch has
+ * system before allow_control_tokens */
+static const G4ArgPos complete_batch_args = {1, 2, 3, 4, 5, 6, 7};
+static const G4ArgPos generate_batch_args = {1, 2, 3, 4, 5, 6, 8};
 
 static void build_init(G4Build *b, G4RequestKind kind);
 static void build_finish(G4Build *b, int window);
@@ -111,10 +119,11 @@ build_init(G4Build *b, G4RequestKind kind)
 	initStringInfo(&b->items);
 }
 
-/* Check max_tokens against the context window of the loaded model. */
+/* Check the prompt size and max_tokens against the loaded model's window. */
 static void
 build_finish(G4Build *b, int window)
 {
+	g4_check_prompt_bytes(b->prompt_bytes, g4_prompt_bytes_limit(window), "the prompt");
 	if (!b->has_max_tokens)
 	{
 		if (g4_default_max_tokens >= window)
@@ -154,8 +163,11 @@ static void
 add_text_item(G4Build *b, int32 tag, const char *str)
 {
 	char	   *utf8 = pg_server_to_any(str, strlen(str), PG_UTF8);
+	Size		len = strlen(utf8);
 
-	add_item(b, tag, utf8, strlen(utf8));
+	if (tag != G4_ITEM_STOP)
+		b->prompt_bytes += (int64) len;
+	add_item(b, tag, utf8, len);
 }
 
 static void
@@ -184,11 +196,12 @@ set_temperature(G4Build *b, double v)
 static void
 set_top_p(G4Build *b, double v)
 {
-	if (!(v > 0.0 && v <= 1.0))
+	/* the engine works in single precision: what rounds to 0 is 0 */
+	if (!(v > 0.0 && v <= 1.0 && (float) v > 0.0f))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("top_p must be greater than 0 and at most 1"),
-				 errdetail("1 means no nucleus filtering.")));
+				 errdetail("1 means no nucleus filtering; the smallest usable value is %g.", (double) FLT_TRUE_MIN)));
 	b->req.top_p = (float) v;
 }
 
@@ -211,14 +224,52 @@ set_seed(G4Build *b, int64 v)
 	b->req.has_seed = 1;
 }
 
+/* Too many stop strings: refused before any is converted. */
+static void
+check_stop_count(int n)
+{
+	if (n > G4_MAX_STOP_STRINGS)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("too many stop strings: %d, the limit is %d", n, G4_MAX_STOP_STRINGS)));
+}
+
 static void
 add_stop(G4Build *b, const char *s)
 {
+	size_t		len = strlen(s);
+
 	if (s[0] == '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("stop strings must not be empty")));
-	add_text_item(b, G4_ITEM_STOP, s);
+	check_stop_count(++b->n_stop);
+	/* checked before and after conversion: no encoding expands a huge string */
+	if (len <= G4_MAX_STOP_BYTES)
+	{
+		char	   *utf8 = pg_server_to_any(s, len, PG_UTF8);
+
+		len = strlen(utf8);
+		if (len <= G4_MAX_STOP_BYTES)
+		{
+			add_item(b, G4_ITEM_STOP, utf8, len);
+			return;
+		}
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+			 errmsg("a stop string is too long: %zu bytes, the limit is %d", len, G4_MAX_STOP_BYTES)));
+}
+
+/* A text[] argument that must be one-dimensional: its elements. */
+static void
+vector_arg(ArrayType *arr, const char *what, Datum **elems, bool **nulls, int *n)
+{
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s must be a one-dimensional array", what)));
+	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, elems, nulls, n);
 }
 
 /* The sampling arguments gemma_generate and gemma_complete share. */
@@ -237,13 +288,13 @@ args_from_call(G4Build *b, FunctionCallInfo fcinfo, const G4ArgPos *pos)
 		set_seed(b, PG_GETARG_INT64(pos->seed));
 	if (!PG_ARGISNULL(pos->stop))
 	{
-		ArrayType  *arr = PG_GETARG_ARRAYTYPE_P(pos->stop);
 		Datum	   *elems;
 		bool	   *nulls;
 		int			n;
 		int			i;
 
-		deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
+		vector_arg(PG_GETARG_ARRAYTYPE_P(pos->stop), "stop", &elems, &nulls, &n);
+		check_stop_count(n);
 		for (i = 0; i < n; i++)
 		{
 			if (nulls[i])
@@ -253,6 +304,8 @@ args_from_call(G4Build *b, FunctionCallInfo fcinfo, const G4ArgPos *pos)
 			add_stop(b, TextDatumGetCString(elems[i]));
 		}
 	}
+	if (!PG_ARGISNULL(pos->allow_control_tokens))
+		b->req.allow_control_tokens = PG_GETARG_BOOL(pos->allow_control_tokens) ? 1 : 0;
 }
 
 /* The prompt argument: not null, not empty. */
@@ -457,7 +510,6 @@ gemma_complete_stream(PG_FUNCTION_ARGS)
 static Datum
 batch_rows(FunctionCallInfo fcinfo, bool chat)
 {
-	ArrayType  *prompts;
 	Datum	   *elems;
 	bool	   *nulls;
 	int			n;
@@ -476,12 +528,7 @@ batch_rows(FunctionCallInfo fcinfo, bool chat)
 	g4_require_shared();
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();
-	prompts = PG_GETARG_ARRAYTYPE_P(0);
-	if (ARR_NDIM(prompts) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("prompts must be a one-dimensional array")));
-	deconstruct_array(prompts, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
+	vector_arg(PG_GETARG_ARRAYTYPE_P(0), "prompts", &elems, &nulls, &n);
 	if (chat && !PG_ARGISNULL(7))
 	{
 		system = text_to_cstring(PG_GETARG_TEXT_PP(7));
@@ -524,7 +571,7 @@ batch_rows(FunctionCallInfo fcinfo, bool chat)
 			if (system)
 				add_text_item(&b, G4_ITEM_SYSTEM, system);
 			add_text_item(&b, chat ? G4_ITEM_USER : G4_ITEM_PROMPT, TextDatumGetCString(elems[i]));
-			args_from_call(&b, fcinfo, &complete_args);
+			args_from_call(&b, fcinfo, chat ? &generate_batch_args : &complete_batch_args);
 			build_finish(&b, window);
 			reqs[i] = g4_request_start(&b.req, b.items.data, b.items.len);
 			in_flight++;
@@ -758,7 +805,7 @@ parse_options(G4Build *b, Jsonb *options)
 		{
 			double		d = json_number(&v, key);
 
-			if (!(d > 0.0 && d <= FLT_MAX))
+			if (!(d > 0.0 && d <= FLT_MAX && (float) d > 0.0f))
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("option \"repetition_penalty\" must be greater than zero"),
@@ -776,6 +823,14 @@ parse_options(G4Build *b, Jsonb *options)
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("option \"thinking\" must be a boolean")));
 			b->req.thinking = v.val.boolean ? 1 : 0;
+		}
+		else if (strcmp(key, "allow_control_tokens") == 0)
+		{
+			if (v.type != jbvBool)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("option \"allow_control_tokens\" must be a boolean")));
+			b->req.allow_control_tokens = v.val.boolean ? 1 : 0;
 		}
 		else if (strcmp(key, "stop") == 0)
 		{
@@ -806,7 +861,7 @@ parse_options(G4Build *b, Jsonb *options)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("unrecognized gemma_chat option \"%s\"", key),
-					 errhint("Valid options are max_tokens, temperature, top_p, top_k, min_p, seed, stop, thinking, repetition_penalty, presence_penalty and frequency_penalty.")));
+					 errhint("Valid options are max_tokens, temperature, top_p, top_k, min_p, seed, stop, thinking, repetition_penalty, presence_penalty, frequency_penalty and allow_control_tokens.")));
 	}
 }
 

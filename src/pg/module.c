@@ -42,6 +42,7 @@ int			g4_cpu_threads = 0;
 int			g4_max_requests = 64;
 int			g4_default_max_tokens = 0;
 int			g4_request_timeout = 0;
+int			g4_max_prompt_bytes = 0;
 
 static const struct config_enum_entry kv_cache_dtype_options[] = {
 	{"bf16", G4_KV_BF16, false},
@@ -99,6 +100,16 @@ define_session_gucs(void)
 							PGC_USERSET, 0,
 							NULL, NULL, NULL);
 
+	/* superuser-set (or ALTER ROLE ... SET by a superuser): a cap users cannot lift */
+	DefineCustomIntVariable("gemma4.max_prompt_bytes",
+							"Largest prompt one call may send, in bytes of UTF-8 text.",
+							"Counts every message of a chat, the text of gemma_tokenize and four bytes per id of gemma_detokenize. "
+							"0 means 16 bytes per token of the model's context window.",
+							&g4_max_prompt_bytes,
+							0, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
 	DefineCustomIntVariable("gemma4.request_timeout",
 							"Longest time a gemma4 request may run.",
 							"The request is cancelled and its KV blocks freed when it runs longer. 0 disables the limit.",
@@ -106,6 +117,27 @@ define_session_gucs(void)
 							0, 0, INT_MAX,
 							PGC_USERSET, GUC_UNIT_MS,
 							NULL, NULL, NULL);
+}
+
+/* The prompt limit in bytes for a model with this context window. */
+int64
+g4_prompt_bytes_limit(int window)
+{
+	if (g4_max_prompt_bytes > 0)
+		return g4_max_prompt_bytes;
+	return (int64) G4_PROMPT_BYTES_PER_TOKEN * Max(window, 1);
+}
+
+/* Refuse a call's input before anything is queued. */
+void
+g4_check_prompt_bytes(int64 bytes, int64 limit, const char *what)
+{
+	if (bytes > limit)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s is too large: %lld bytes, the limit is %lld",
+						what, (long long) bytes, (long long) limit),
+				 errhint("Shorten the input, or ask an administrator to raise gemma4.max_prompt_bytes.")));
 }
 
 static void

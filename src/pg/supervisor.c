@@ -991,6 +991,7 @@ flush_replies(SupRequest *q)
 		}
 		g4buf_consume(&q->pending, sizeof(h) + h.len);
 	}
+	g4buf_shrink(&q->pending);
 	if (q->ended)
 		release_request(q);
 }
