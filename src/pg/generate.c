@@ -201,7 +201,7 @@ set_top_p(G4Build *b, double v)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("top_p must be greater than 0 and at most 1"),
-				 errdetail("1 means no nucleus filtering; the smallest usable value is %g.", (double) FLT_TRUE_MIN)));
+				 errdetail("1 means no nucleus filtering.")));
 	b->req.top_p = (float) v;
 }
 
