@@ -244,3 +244,40 @@ GRANT EXECUTE ON FUNCTION gemma_requests() TO pg_monitor;
 GRANT SELECT ON gemma_stats TO pg_monitor;
 GRANT SELECT ON gemma_kv_pool TO pg_monitor;
 GRANT SELECT ON gemma_requests TO pg_monitor;
+
+/*
+ * Who may use the model (safety).
+ *
+ * The engine is shared by every database of the cluster: nothing that loads
+ * it is executable by PUBLIC.  Members of the role gemma_user may call the
+ * generation and tokenizer functions:
+ *   GRANT gemma_user TO app_role;
+ * The role is cluster-wide and made here when it does not exist yet (it
+ * outlives DROP EXTENSION, like any role).  Limits per role:
+ * gemma4.max_requests_per_role, gemma4.max_tokens_limit,
+ * gemma4.max_prompt_bytes (see the README, "Security").
+ */
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'gemma_user') THEN
+		CREATE ROLE gemma_user NOLOGIN;
+	END IF;
+END $$;
+COMMENT ON ROLE gemma_user IS 'may call the gemma4 generation and tokenizer functions';
+
+DO $$
+DECLARE
+	f regprocedure;
+BEGIN
+	-- this extension's functions, whatever their signatures
+	FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+			 JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+			 JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'gemma4'
+			 WHERE p.proname IN ('gemma_generate', 'gemma_complete', 'gemma_generate_stream',
+								 'gemma_complete_stream', 'gemma_generate_batch', 'gemma_complete_batch',
+								 'gemma_chat', 'gemma_tokenize', 'gemma_detokenize', 'gemma_wait_ready')
+	LOOP
+		EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+		EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO gemma_user', f);
+	END LOOP;
+END $$;

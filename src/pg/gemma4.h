@@ -34,6 +34,7 @@
 
 #include "datatype/timestamp.h"
 #include "port/atomics.h"
+#include "storage/condition_variable.h"
 #include "storage/dsm.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
@@ -68,7 +69,14 @@ extern int	g4_max_prompt_bytes;	/* gemma4.max_prompt_bytes, 0 = from the window 
 /* Largest tokenizer reply (ids or text) the engine process sends. */
 #define G4_MAX_REPLY			((size_t) 256 << 20)
 
+extern int	g4_max_requests_per_role;	/* 0 = half of gemma4.max_requests */
+extern int	g4_max_tokens_limit;	/* 0 = no limit but the window */
+extern int	g4_max_queued_requests;
+extern int	g4_queue_timeout;	/* ms a request may wait for a slot */
+extern int	g4_engine_stall_timeout;	/* ms without engine progress, 0 = no watchdog */
+
 extern int64 g4_prompt_bytes_limit(int window);
+extern void g4_slot_freed(void);
 extern void g4_check_prompt_bytes(int64 bytes, int64 limit, const char *what);
 
 /* ---- request kinds and wire structures ---------------------------------- */
@@ -260,7 +268,8 @@ typedef enum G4WorkerState
 	G4W_READY,
 	G4W_FAILED,					/* the model could not be loaded */
 	G4W_RESTARTING,				/* engine died; waiting to restart it */
-	G4W_STOPPED					/* supervisor not running */
+	G4W_STOPPED,				/* supervisor not running */
+	G4W_STALLED					/* safety: no engine progress with work queued; being killed */
 } G4WorkerState;
 
 typedef enum G4SlotState
@@ -278,10 +287,21 @@ typedef struct G4Slot
 	bool		finished;		/* the engine is done, replies still queued */
 	int32		kind;
 	int			pid;			/* the backend */
+	Oid			role;			/* safety: the role that submitted it */
 	uint64		request_id;
 	dsm_handle	handle;
 	TimestampTz submitted_at;
 } G4Slot;
+
+/* A backend waiting for a request slot (safety). */
+typedef struct G4Waiter
+{
+	Oid			role;
+	uint64		ticket;			/* arrival order */
+} G4Waiter;
+
+/* Most requests that may wait for a slot at once. */
+#define G4_MAX_WAITING	256
 
 #define G4_REASON_LEN 1024
 #define G4_HINT_LEN 512
@@ -317,6 +337,12 @@ typedef struct G4Shared
 	/* live sequences of the latest snapshot */
 	int			n_seqs;
 	G4WireSeq  *seqs;			/* max_requests entries, after the slots */
+
+	/* safety: requests waiting for a slot (queue.c) */
+	ConditionVariable slot_freed;	/* broadcast whenever a slot is freed */
+	uint64		next_ticket;
+	int			n_waiting;
+	G4Waiter	waiting[G4_MAX_WAITING];
 
 	int			n_slots;
 	G4Slot		slots[FLEXIBLE_ARRAY_MEMBER];

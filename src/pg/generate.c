@@ -124,6 +124,23 @@ static void
 build_finish(G4Build *b, int window)
 {
 	g4_check_prompt_bytes(b->prompt_bytes, g4_prompt_bytes_limit(window), "the prompt");
+	if (g4_max_tokens_limit > 0)
+	{
+		int			asked = b->has_max_tokens ? b->req.max_tokens : g4_default_max_tokens;
+
+		if (asked > g4_max_tokens_limit)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("max_tokens (%d) exceeds gemma4.max_tokens_limit (%d)", asked, g4_max_tokens_limit),
+					 errhint(b->has_max_tokens ? "Pass a smaller max_tokens." :
+							 "Pass max_tokens, or lower gemma4.default_max_tokens.")));
+		/* "up to the window" is up to the limit */
+		if (asked == 0)
+		{
+			b->req.max_tokens = Min(g4_max_tokens_limit, window - 1);
+			b->has_max_tokens = true;
+		}
+	}
 	if (!b->has_max_tokens)
 	{
 		if (g4_default_max_tokens >= window)

@@ -40,9 +40,14 @@ int			g4_num_speculative_tokens = 4;
 int			g4_backend = G4_BACKEND_AUTO;
 int			g4_cpu_threads = 0;
 int			g4_max_requests = 64;
-int			g4_default_max_tokens = 0;
+int			g4_default_max_tokens = 1024;
 int			g4_request_timeout = 0;
 int			g4_max_prompt_bytes = 0;
+int			g4_max_requests_per_role = 0;
+int			g4_max_tokens_limit = 0;
+int			g4_max_queued_requests = 64;
+int			g4_queue_timeout = 30000;
+int			g4_engine_stall_timeout = 60000;
 
 static const struct config_enum_entry kv_cache_dtype_options[] = {
 	{"bf16", G4_KV_BF16, false},
@@ -96,7 +101,7 @@ define_session_gucs(void)
 							"Tokens to generate when a call passes no max_tokens.",
 							"0 means up to the end of the context window.",
 							&g4_default_max_tokens,
-							0, 0, INT_MAX,
+							1024, 0, INT_MAX,
 							PGC_USERSET, 0,
 							NULL, NULL, NULL);
 
@@ -108,6 +113,39 @@ define_session_gucs(void)
 							&g4_max_prompt_bytes,
 							0, 0, INT_MAX,
 							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	/* per role: ALTER ROLE ... SET by a superuser */
+	DefineCustomIntVariable("gemma4.max_requests_per_role",
+							"Requests one role may have in flight at once.",
+							"0 means half of gemma4.max_requests.",
+							&g4_max_requests_per_role,
+							0, 0, INT_MAX,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.max_tokens_limit",
+							"Largest max_tokens a call may ask for.",
+							"0 means no limit but the context window.",
+							&g4_max_tokens_limit,
+							0, 0, INT_MAX,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.max_queued_requests",
+							"Requests that may wait for a free request slot at once.",
+							"Beyond it a request fails at once.",
+							&g4_max_queued_requests,
+							64, 0, G4_MAX_WAITING,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.queue_timeout",
+							"Longest time a request waits for a free request slot.",
+							"0 means it fails at once when no slot is free.",
+							&g4_queue_timeout,
+							30000, 0, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("gemma4.request_timeout",
@@ -135,7 +173,7 @@ g4_check_prompt_bytes(int64 bytes, int64 limit, const char *what)
 	if (bytes > limit)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("%s is too large: %lld bytes, the limit is %lld",
+				 errmsg("%s takes %lld bytes, more than the limit of %lld bytes",
 						what, (long long) bytes, (long long) limit),
 				 errhint("Shorten the input, or ask an administrator to raise gemma4.max_prompt_bytes.")));
 }
@@ -143,6 +181,14 @@ g4_check_prompt_bytes(int64 bytes, int64 limit, const char *what)
 static void
 define_server_gucs(void)
 {
+	DefineCustomIntVariable("gemma4.engine_stall_timeout",
+							"Time the engine may make no progress while requests wait before it is restarted.",
+							"The requests in flight fail; 0 disables the watchdog.",
+							&g4_engine_stall_timeout,
+							60000, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
 	DefineCustomStringVariable("gemma4.model_dir",
 							   "Model the worker serves: a directory (safetensors) or a .gguf file.",
 							   "Empty means the default model installed at SHAREDIR/gemma4/default-model.gguf.",

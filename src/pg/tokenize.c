@@ -102,7 +102,7 @@ gemma_detokenize(PG_FUNCTION_ARGS)
 				 errmsg("token ids must be a one-dimensional array")));
 	/* before deconstructing: the ids travel as four bytes each */
 	g4_check_prompt_bytes((int64) ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr)) * (int64) sizeof(int32),
-						  limit, "the token ids to detokenize");
+						  limit, "the token id array");
 	deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &nulls, &n);
 	ids = palloc(sizeof(int32) * Max(n, 1));
 	for (i = 0; i < n; i++)

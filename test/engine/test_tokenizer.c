@@ -25,6 +25,13 @@ typedef struct
 	int			n;
 } lines_file;
 
+/* Equal byte strings; empty ones may come with NULL pointers. */
+static int
+same_bytes(const void *a, size_t an, const void *b, size_t bn)
+{
+	return an == bn && (an == 0 || memcmp(a, b, an) == 0);
+}
+
 static void
 lines_free(lines_file *f)
 {
@@ -380,7 +387,7 @@ check_corpus(const g4_tokenizer *t, const char *golden_name, int check_skip_deco
 			bad++;
 			continue;
 		}
-		if (n != n_exp || memcmp(ids, exp, sizeof(int32_t) * (size_t) n) != 0)
+		if (!same_bytes(ids, sizeof(int32_t) * (size_t) n, exp, sizeof(int32_t) * (size_t) n_exp))
 		{
 			ok = 0;
 			if (bad < 5)
@@ -401,7 +408,7 @@ check_corpus(const g4_tokenizer *t, const char *golden_name, int check_skip_deco
 		}
 		else
 		{
-			if (dl != want.len || memcmp(dec, want.data, dl) != 0)
+			if (!same_bytes(dec, dl, want.data, want.len))
 			{
 				ok = 0;
 				if (bad < 5)
@@ -409,7 +416,7 @@ check_corpus(const g4_tokenizer *t, const char *golden_name, int check_skip_deco
 								 golden_name, i + 1, show(dec, dl, sb, sizeof(sb)),
 								 show(want.data, want.len, sb2, sizeof(sb2)));
 			}
-			if (check_skip_decode && (dsl != want_skip.len || memcmp(dec_skip, want_skip.data, dsl) != 0))
+			if (check_skip_decode && !same_bytes(dec_skip, dsl, want_skip.data, want_skip.len))
 			{
 				ok = 0;
 				if (bad < 5)
@@ -423,7 +430,7 @@ check_corpus(const g4_tokenizer *t, const char *golden_name, int check_skip_deco
 			for (k = 0; k < n_exp; k++)
 				g4_detok_push(&d, exp[k], &stream);
 			g4_detok_finish(&d, &stream);
-			if (stream.len != dl || memcmp(stream.data, dec, dl) != 0)
+			if (!same_bytes(stream.data, stream.len, dec, dl))
 			{
 				ok = 0;
 				if (bad < 5)
@@ -506,7 +513,7 @@ check_decodes(const g4_tokenizer *t, const char *golden_name)
 				bad++;
 				continue;
 			}
-			if (dl != w->len || memcmp(dec, w->data, dl) != 0)
+			if (!same_bytes(dec, dl, w->data, w->len))
 			{
 				if (bad < 5)
 					g4_test_fail(__FILE__, __LINE__, "%s line %d (skip %d): \"%s\", expected \"%s\"",
@@ -519,7 +526,7 @@ check_decodes(const g4_tokenizer *t, const char *golden_name)
 			for (k = 0; k < n; k++)
 				g4_detok_push(&d, ids[k], &stream);
 			g4_detok_finish(&d, &stream);
-			if (stream.len != dl || memcmp(stream.data, dec, dl) != 0)
+			if (!same_bytes(stream.data, stream.len, dec, dl))
 			{
 				if (bad < 5)
 					g4_test_fail(__FILE__, __LINE__, "%s line %d (skip %d): streamed \"%s\" differs from decode \"%s\"",
@@ -892,7 +899,7 @@ G4_TEST(tokenizer_added_token_flags)
 		}
 		n = 0;
 		if (g4_tok_encode(t, text.data, text.len, 0, &ids, &n, &cap, &err) != 0 ||
-			n != n_exp || memcmp(ids, exp, sizeof(int32_t) * (size_t) n) != 0)
+			!same_bytes(ids, sizeof(int32_t) * (size_t) n, exp, sizeof(int32_t) * (size_t) n_exp))
 		{
 			show_ids(ids, n, ib, sizeof(ib));
 			show_ids(exp, n_exp, ib2, sizeof(ib2));
