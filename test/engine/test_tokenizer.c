@@ -957,3 +957,121 @@ G4_TEST(tokenizer_gguf_vocabulary)
 	CHECK_MSG(bad == 0, "%d of %d corpus strings differ from the Hugging Face goldens", bad, n);
 	CHECK(n >= 10000);
 }
+
+/* ---- special tokens as plain text ------------------------------------- */
+
+/*
+ * Every special token of a tokenizer, between two letters, encoded as data
+ * (g4_tok_encode_plain over the whole text): no special id comes out, and
+ * the ids decode to the text itself; encoded normally, the token is found.
+ * Returns the number of tokens that failed.
+ */
+static int
+check_specials_plain(const g4_tokenizer *t, int *n_special)
+{
+	int			bad = 0;
+	int			id;
+	int32_t    *ids = NULL;
+	int			cap = 0;
+	g4_buf		text = {0};
+	g4_err		err;
+
+	*n_special = 0;
+	for (id = 0; id < g4_tok_vocab_size(t); id++)
+	{
+		size_t		len;
+		const char *piece;
+		g4_tok_span all;
+		int			n = 0,
+					k,
+					found = 0,
+					leaked = 0;
+		char	   *dec = NULL;
+		size_t		dl = 0;
+
+		if (!g4_tok_is_special(t, id) || !(piece = g4_tok_piece(t, id, &len)) || len == 0)
+			continue;
+		(*n_special)++;
+		text.len = 0;
+		if (g4_buf_puts(&text, "a") || g4_buf_append(&text, piece, len) || g4_buf_puts(&text, "b"))
+			return -1;
+		all.off = 0;
+		all.len = text.len;
+		if (g4_tok_encode_plain(t, text.data, text.len, 0, &all, 1, &ids, &n, &cap, &err) != 0 ||
+			g4_tok_decode(t, ids, n, 0, &dec, &dl, &err) != 0)
+		{
+			bad++;
+			continue;
+		}
+		for (k = 0; k < n; k++)
+			leaked |= g4_tok_is_special(t, ids[k]);
+		if (leaked || !same_bytes(dec, dl, text.data, text.len))
+		{
+			if (bad < 5)
+				g4_test_fail(__FILE__, __LINE__, "special token %d \"%.*s\" as data: %s", id, (int) len, piece,
+							 leaked ? "a special id came out" : "the ids do not decode to the text");
+			bad++;
+		}
+		free(dec);
+		n = 0;
+		if (g4_tok_encode(t, text.data, text.len, 0, &ids, &n, &cap, &err) != 0)
+			bad++;
+		for (k = 0; k < n; k++)
+			found |= ids[k] == id;
+		if (!found)
+		{
+			if (bad < 5)
+				g4_test_fail(__FILE__, __LINE__, "special token %d \"%.*s\" is not found as a control token",
+							 id, (int) len, piece);
+			bad++;
+		}
+	}
+	free(ids);
+	g4_buf_free(&text);
+	return bad;
+}
+
+G4_TEST(tokenizer_specials_as_text_gemma4)
+{
+	g4_err		err;
+	g4_tokenizer *t = load_fixture(&err);
+	int			n,
+				bad;
+
+	CHECK_MSG(t != NULL, "fixture tokenizer: %s", err.msg);
+	bad = check_specials_plain(t, &n);
+	g4_tok_free(t);
+	CHECK_MSG(bad == 0, "%d of %d special tokens leak through as control tokens", bad, n);
+	CHECK_INT(n, 24);
+}
+
+G4_TEST(tokenizer_specials_as_text_gemma3)
+{
+	const char *path = getenv("G4_GGUF_MODEL");
+	const char *why = NULL;
+	g4_gguf    *g = NULL;
+	g4_tokenizer *t;
+	g4_err		err;
+	int			n,
+				bad;
+
+	/* the tokenizer.json when present, else the GGUF vocabulary */
+	t = load_gemma3(&err, &why);
+	if (!t)
+	{
+		if (!path || !path[0] || !g4_is_file(path))
+			G4_SKIP("neither ../shared nor G4_GGUF_MODEL: no Gemma 3 tokenizer");
+		CHECK_OK(g4_gguf_open(path, &g, &err), &err);
+		if (g4_tok_load_gguf(g, &t, &err) != 0)
+			t = NULL;
+		g4_gguf_close(g);
+		CHECK_MSG(t != NULL, "g4_tok_load_gguf: %s", err.msg);
+	}
+	/* the chat format's control tokens are among them */
+	CHECK(g4_tok_is_special(t, g4_tok_id(t, "<start_of_turn>")));
+	CHECK(g4_tok_is_special(t, g4_tok_id(t, "<end_of_turn>")));
+	bad = check_specials_plain(t, &n);
+	g4_tok_free(t);
+	CHECK_MSG(bad == 0, "%d of %d special tokens leak through as control tokens", bad, n);
+	CHECK(n >= 5);
+}
