@@ -437,7 +437,7 @@ render_gemma3(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message 
 int
 g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message *msgs,
 			   int n_msgs, int enable_thinking, int add_generation_prompt, int allow_control_tokens,
-			   int32_t **out, int *n, int *cap, g4_err *err)
+			   const volatile int *cancel, int32_t **out, int *n, int *cap, g4_err *err)
 {
 	g4_buf		text = {0},
 				tmp = {0};
@@ -481,7 +481,7 @@ g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message
 	else
 		rc = g4_fail(err, G4_ERR_INVALID, "unknown chat format %d", ids->format);
 	if (rc == G4_OK)
-		rc = g4_tok_encode_plain(tok, text.data, text.len, 0, spans.v, spans.n, out, n, cap, err);
+		rc = g4_tok_encode_plain(tok, text.data, text.len, 0, spans.v, spans.n, cancel, out, n, cap, err);
 	g4_buf_free(&text);
 	g4_buf_free(&tmp);
 	free(spans.v);

@@ -50,7 +50,7 @@ g4_seq_free(g4_seq *s)
 }
 
 static int
-build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
+build_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const volatile int *cancel, g4_err *err)
 {
 	int			vocab = e->model->cfg.vocab_size;
 	int			i;
@@ -65,7 +65,7 @@ build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 				g4_tok_span all = {0, strlen(req->prompt)};
 
 				return g4_tok_encode_plain(e->tok, req->prompt, all.len, 1,
-										   &all, req->allow_control_tokens ? 0 : 1,
+										   &all, req->allow_control_tokens ? 0 : 1, cancel,
 										   &s->tok, &s->n_tok, &s->cap_tok, err);
 			}
 		case G4_INPUT_CHAT:
@@ -85,7 +85,7 @@ build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 					return g4_fail(err, G4_ERR_INVALID, "a system message may only come first (message %d)", i + 1);
 			}
 			return g4_chat_encode(e->tok, &e->chat, req->messages, req->n_messages, req->enable_thinking, 1,
-								  req->allow_control_tokens, &s->tok, &s->n_tok, &s->cap_tok, err);
+								  req->allow_control_tokens, cancel, &s->tok, &s->n_tok, &s->cap_tok, err);
 		case G4_INPUT_TOKENS:
 			if (req->n_tokens <= 0 || !req->tokens)
 				return g4_fail(err, G4_ERR_INVALID, "the prompt has no tokens");
@@ -102,8 +102,14 @@ build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 	return g4_fail(err, G4_ERR_INVALID, "unknown input kind %d", req->input_kind);
 }
 
+/*
+ * The part of a new sequence that needs no scheduler state: validation,
+ * prompt building (tokenisation, chat format) and the per-sequence buffers.
+ * It only reads what g4_open set up, so it may run on any thread, beside
+ * g4_step (g4_prepare).
+ */
 g4_seq *
-g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
+g4_seq_prepare(const g4_engine *e, const g4_request *req, const volatile int *cancel, g4_err *err)
 {
 	g4_seq	   *s = g4_calloc(1, sizeof(g4_seq));
 	int			window = e->max_model_len;
@@ -117,7 +123,7 @@ g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
 	s->slot = -1;
 	s->state = G4_SEQ_WAITING;
 	s->samp = req->sampling;
-	if (g4_sampling_validate(&s->samp, err) != G4_OK || build_prompt(e, s, req, err) != G4_OK)
+	if (g4_sampling_validate(&s->samp, err) != G4_OK || build_prompt(e, s, req, cancel, err) != G4_OK)
 	{
 		g4_seq_free(s);
 		return NULL;
@@ -198,11 +204,30 @@ g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
 		}
 		s->has_hist = 1;
 	}
-	g4_rng_seed(&s->rng, s->samp.has_seed ? s->samp.seed : g4_rng_next(&e->seeder));
+	if (s->samp.has_seed)
+		g4_rng_seed(&s->rng, s->samp.seed);
 	g4_detok_init(&s->detok, e->tok, 1);
 	s->channel = G4_CHANNEL_CONTENT;
 	s->user_tag = req->user_tag;
 	s->t_submit = g4_now();
+	return s;
+}
+
+/* Engine thread: what a prepared sequence takes from the engine's state. */
+void
+g4_seq_admit(g4_engine *e, g4_seq *s)
+{
+	if (!s->samp.has_seed)
+		g4_rng_seed(&s->rng, g4_rng_next(&e->seeder));
+}
+
+g4_seq *
+g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
+{
+	g4_seq	   *s = g4_seq_prepare(e, req, NULL, err);
+
+	if (s)
+		g4_seq_admit(e, s);
 	return s;
 }
 

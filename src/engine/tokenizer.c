@@ -815,6 +815,7 @@ typedef struct
 	const g4_tok_span *plain;
 	int			n_plain;
 	int			stretch_plain;	/* the stage 1 stretch touches a plain span */
+	const volatile int *cancel;	/* polled once per word */
 } enc_ctx;
 
 static int
@@ -1054,6 +1055,15 @@ bpe_word(enc_ctx *c, const char *word, size_t n)
 	return G4_OK;
 }
 
+/* BPE one word, unless the caller cancelled the encoding. */
+static int
+bpe_word_or_cancel(enc_ctx *c, const char *word, size_t n)
+{
+	if (c->cancel && *c->cancel)
+		return g4_fail(c->err, G4_ERR_CANCELLED, "tokenisation cancelled");
+	return bpe_word(c, word, n);
+}
+
 /* Pre-tokenise a normalised stretch and BPE each word. */
 static int
 pretokenize_and_bpe(enc_ctx *c, const char *s, size_t n)
@@ -1068,7 +1078,7 @@ pretokenize_and_bpe(enc_ctx *c, const char *s, size_t n)
 	if (n == 0)
 		return G4_OK;
 	if (t->split_behavior == G4_SPLIT_NONE || pl == 0)
-		return bpe_word(c, s, n);
+		return bpe_word_or_cancel(c, s, n);
 
 	/*
 	 * Split on every occurrence of the literal pattern.  Pieces are emitted
@@ -1087,23 +1097,23 @@ pretokenize_and_bpe(enc_ctx *c, const char *s, size_t n)
 		switch (t->split_behavior)
 		{
 			case G4_SPLIT_REMOVED:
-				if ((rc = bpe_word(c, s + start, i - start)) != G4_OK)
+				if ((rc = bpe_word_or_cancel(c, s + start, i - start)) != G4_OK)
 					return rc;
 				start = me;
 				break;
 			case G4_SPLIT_ISOLATED:
-				if ((rc = bpe_word(c, s + start, i - start)) != G4_OK ||
-					(rc = bpe_word(c, s + i, pl)) != G4_OK)
+				if ((rc = bpe_word_or_cancel(c, s + start, i - start)) != G4_OK ||
+					(rc = bpe_word_or_cancel(c, s + i, pl)) != G4_OK)
 					return rc;
 				start = me;
 				break;
 			case G4_SPLIT_MERGED_PREV:
-				if ((rc = bpe_word(c, s + start, me - start)) != G4_OK)
+				if ((rc = bpe_word_or_cancel(c, s + start, me - start)) != G4_OK)
 					return rc;
 				start = me;
 				break;
 			case G4_SPLIT_MERGED_NEXT:
-				if ((rc = bpe_word(c, s + start, i - start)) != G4_OK)
+				if ((rc = bpe_word_or_cancel(c, s + start, i - start)) != G4_OK)
 					return rc;
 				start = i;
 				break;
@@ -1113,8 +1123,8 @@ pretokenize_and_bpe(enc_ctx *c, const char *s, size_t n)
 
 					while (e + pl <= n && memcmp(s + e, pat, pl) == 0)
 						e += pl;
-					if ((rc = bpe_word(c, s + start, i - start)) != G4_OK ||
-						(rc = bpe_word(c, s + i, e - i)) != G4_OK)
+					if ((rc = bpe_word_or_cancel(c, s + start, i - start)) != G4_OK ||
+						(rc = bpe_word_or_cancel(c, s + i, e - i)) != G4_OK)
 						return rc;
 					me = e;
 					start = e;
@@ -1123,7 +1133,7 @@ pretokenize_and_bpe(enc_ctx *c, const char *s, size_t n)
 		}
 		i = me;
 	}
-	return bpe_word(c, s + start, n - start);
+	return bpe_word_or_cancel(c, s + start, n - start);
 }
 
 static int
@@ -1397,18 +1407,19 @@ int
 g4_tok_encode(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
 			  int32_t **ids, int *n, int *cap, g4_err *err)
 {
-	return g4_tok_encode_plain(t, text, len, add_bos, NULL, 0, ids, n, cap, err);
+	return g4_tok_encode_plain(t, text, len, add_bos, NULL, 0, NULL, ids, n, cap, err);
 }
 
 int
 g4_tok_encode_plain(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
-					const g4_tok_span *plain, int n_plain,
+					const g4_tok_span *plain, int n_plain, const volatile int *cancel,
 					int32_t **ids, int *n, int *cap, g4_err *err)
 {
 	enc_ctx		c;
 	int			rc = G4_OK;
 
 	memset(&c, 0, sizeof(c));
+	c.cancel = cancel;
 	c.text = text;
 	c.plain = plain;
 	c.n_plain = n_plain;

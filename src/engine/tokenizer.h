@@ -71,9 +71,10 @@ typedef struct
  * and ending after it is not matched either; the search resumes at the
  * span's end, so a control token the caller put right after the data is
  * still found.  With plain[] covering the whole text this is exactly the
- * reference's encode_special_tokens = True; with n_plain = 0, g4_tok_encode. */
+ * reference's encode_special_tokens = True; with n_plain = 0, g4_tok_encode.
+ * When cancel is not NULL it is polled; non-zero stops with G4_ERR_CANCELLED. */
 int			g4_tok_encode_plain(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
-								const g4_tok_span *plain, int n_plain,
+								const g4_tok_span *plain, int n_plain, const volatile int *cancel,
 								int32_t **ids, int *n, int *cap, g4_err *err);
 
 /* Decode a whole sequence (malloc'd, NUL-terminated). */

@@ -196,7 +196,7 @@ check_chats(const g4_tokenizer *tok, int format, const char *golden, int *n_conv
 				continue;
 			n = 0;
 			if (g4_chat_encode(tok, &ids, msgs, (int) nm, g4j_get_bool(conv, "enable_thinking", 0),
-							   g4j_get_bool(conv, "add_generation_prompt", 0), k == 0,
+							   g4j_get_bool(conv, "add_generation_prompt", 0), k == 0, NULL,
 							   &out, &n, &cap, &err) != 0)
 			{
 				g4_test_fail(__FILE__, __LINE__, "%s: g4_chat_encode failed: %s", name, err.msg);
@@ -294,7 +294,7 @@ G4_TEST(chat_ids_and_errors)
 	CHECK_OK(g4_chat_init(t, G4_CHAT_GEMMA4, &ids, &err), &err);
 
 	memset(msgs, 0, sizeof(msgs));
-	CHECK(g4_chat_encode(t, &ids, msgs, 0, 0, 1, 1, &out, &n, &cap, &err) == G4_ERR_INVALID);
+	CHECK(g4_chat_encode(t, &ids, msgs, 0, 0, 1, 1, NULL, &out, &n, &cap, &err) == G4_ERR_INVALID);
 
 	/* a media item without a soft-token count */
 	part.kind = G4_PART_IMAGE;
@@ -303,20 +303,20 @@ G4_TEST(chat_ids_and_errors)
 	msgs[0].role = G4_ROLE_USER;
 	msgs[0].parts = &part;
 	msgs[0].n_parts = 1;
-	CHECK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, &out, &n, &cap, &err) == G4_ERR_INVALID);
+	CHECK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, NULL, &out, &n, &cap, &err) == G4_ERR_INVALID);
 	CHECK(strstr(err.msg, "n_soft_tokens") != NULL);
 
 	/* output is appended */
 	msgs[0].parts = NULL;
 	msgs[0].n_parts = 0;
 	msgs[0].content = "Hello";
-	CHECK_OK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, &out, &n, &cap, &err), &err);
+	CHECK_OK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, NULL, &out, &n, &cap, &err), &err);
 	CHECK(n > 5);
 	CHECK_INT(out[0], 2);
 	{
 		int			first = n;
 
-		CHECK_OK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, &out, &n, &cap, &err), &err);
+		CHECK_OK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, NULL, &out, &n, &cap, &err), &err);
 		CHECK_INT(n, 2 * first);
 		CHECK_INT(out[first], 2);
 	}
@@ -351,7 +351,7 @@ G4_TEST(chat_gemma3_errors)
 	msgs[0].content = "a";
 	msgs[1].role = G4_ROLE_USER;
 	msgs[1].content = "b";
-	CHECK(g4_chat_encode(t, &ids, msgs, 2, 0, 1, 1, &out, &n, &cap, &err) == G4_ERR_INVALID);
+	CHECK(g4_chat_encode(t, &ids, msgs, 2, 0, 1, 1, NULL, &out, &n, &cap, &err) == G4_ERR_INVALID);
 	CHECK(strstr(err.msg, "alternate") != NULL);
 
 	/* no audio in Gemma 3 */
@@ -361,7 +361,7 @@ G4_TEST(chat_gemma3_errors)
 	msgs[0].content = NULL;
 	msgs[0].parts = &part;
 	msgs[0].n_parts = 1;
-	CHECK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, &out, &n, &cap, &err) == G4_ERR_UNSUPPORTED);
+	CHECK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, NULL, &out, &n, &cap, &err) == G4_ERR_UNSUPPORTED);
 	free(out);
 	g4_tok_free(t);
 }

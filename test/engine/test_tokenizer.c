@@ -997,7 +997,7 @@ check_specials_plain(const g4_tokenizer *t, int *n_special)
 			return -1;
 		all.off = 0;
 		all.len = text.len;
-		if (g4_tok_encode_plain(t, text.data, text.len, 0, &all, 1, &ids, &n, &cap, &err) != 0 ||
+		if (g4_tok_encode_plain(t, text.data, text.len, 0, &all, 1, NULL, &ids, &n, &cap, &err) != 0 ||
 			g4_tok_decode(t, ids, n, 0, &dec, &dl, &err) != 0)
 		{
 			bad++;

@@ -32,6 +32,7 @@ CREATE ROLE abuser LOGIN;
 CREATE ROLE victim LOGIN;
 CREATE ROLE outsider LOGIN;
 GRANT gemma_user TO abuser, victim;
+ALTER ROLE abuser SET gemma4.max_prompt_bytes = '64MB';
 });
 
 sub as_role
@@ -80,6 +81,15 @@ my $big = IPC::Run::start(
 	],
 	'>', \$big_out, '2>', \$big_err);
 
+# a 36 MB text to tokenize: prepared off the engine's loop, it holds up nobody
+my ($tok_out, $tok_err) = ('', '');
+my $tok = IPC::Run::start(
+	[
+		'psql', '-XAtq', '-U', 'abuser', '-d', $node->connstr('postgres'),
+		'-c', "SELECT cardinality(gemma_tokenize(repeat('hello world ', 3000000))) > 0"
+	],
+	'>', \$tok_out, '2>', \$tok_err);
+
 ok( $node->poll_query_until(
 		'postgres', q{SELECT count(*) >= 4 FROM gemma_requests r JOIN pg_stat_activity a USING (pid)
 					  WHERE a.usename = 'abuser'}),
@@ -106,6 +116,8 @@ for my $r (@abuse)
 is(scalar(grep { ${ $_->[1] } =~ /^12\s*$/ } @abuse), 4, 'flood: the flooding role\'s batches all completed (they waited)');
 is(join('', map { ${ $_->[2] } } @abuse), '', 'flood: none failed for want of a slot');
 $big->finish;
+$tok->finish;
+like($tok_out, qr/^t/, 'a large text to tokenize was tokenized meanwhile');
 is($big_err, '', 'oversized inputs: each failed alone, as expected');
 is($node->safe_psql('postgres', 'SELECT engine_restarts FROM gemma_stats'),
 	$restarts, 'the engine never restarted');
