@@ -143,5 +143,21 @@ ok(G4Test::wait_idle($node), 'the KV pool is empty');
 	is($out, 't', 'watchdog: the new engine serves');
 }
 
+# ---- a database in another encoding -----------------------------------------
+# Output is converted to the database encoding; a character it cannot hold
+# fails the call with 22P05, naming both encodings.
+{
+	my $ids = $node->safe_psql('postgres', "SELECT gemma_tokenize('\x{4e2d}')");
+	$node->safe_psql('postgres',
+		"CREATE DATABASE latin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
+	$node->safe_psql('latin1', 'CREATE EXTENSION gemma4');
+	is($node->safe_psql('latin1', "SELECT gemma_detokenize(gemma_tokenize(convert_from('\\x636166e9', 'LATIN1'))) = convert_from('\\x636166e9', 'LATIN1')"),
+		't', 'LATIN1 database: text it can hold round-trips');
+	my ($ret, $out, $err) = $node->psql('latin1', "SELECT gemma_detokenize('$ids')",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	like($err, qr/ERROR:  22P05: character with byte sequence 0xe4 0xb8 0xad in encoding "UTF8" has no equivalent in encoding "LATIN1"/,
+		'LATIN1 database: a character it cannot hold is an error naming the encodings');
+}
+
 $node->stop;
 done_testing();
