@@ -460,6 +460,20 @@ queue_prepared(EngineProc *ep)
 	pool->done = NULL;
 	pthread_mutex_unlock(&pool->lock);
 
+	/* the list is newest first: queue in the order they were finished */
+	{
+		PrepJob    *oldest = NULL;
+
+		while (done)
+		{
+			PrepJob    *j = done;
+
+			done = j->next;
+			j->next = oldest;
+			oldest = j;
+		}
+		done = oldest;
+	}
 	while (done)
 	{
 		PrepJob    *j = done;
