@@ -40,6 +40,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -201,6 +202,16 @@ g4_engine_proc_main(int sock, const G4EngineConfig *cfg)
 	sock = isolate_descriptors(sock);
 	if (sock < 0 || fcntl(sock, F_SETFL, O_NONBLOCK) != 0)
 		_exit(EXIT_SETUP);
+
+	/*
+	 * One large request must not keep this process large: blocks from 1 MB
+	 * up are mapped and unmapped on their own, and free memory at the top
+	 * of a heap (the preparation threads have their own) goes back beyond
+	 * 4 MB.  Fixed values also stop glibc from raising both thresholds
+	 * after each large free, which is what kept such memory before.
+	 */
+	(void) mallopt(M_MMAP_THRESHOLD, 1 << 20);
+	(void) mallopt(M_TRIM_THRESHOLD, 4 << 20);
 
 	memset(&ep, 0, sizeof(ep));
 	ep.sock = sock;

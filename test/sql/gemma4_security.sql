@@ -57,19 +57,21 @@ SELECT engine_restarts = :restarts_before AS no_restart, worker_state FROM gemma
 SELECT gemma_generate('Hello', max_tokens => 2) IS NOT NULL AS still_serving;
 
 -- ---- the worker's memory after large messages ----------------------------
--- a 32 MB request and a large reply pass through the supervisor; its buffers
--- give the memory back afterwards (resident size within 16 MB of before)
+-- a 32 MB request and a large reply pass through the supervisor and the
+-- engine process; their buffers give the memory back afterwards (resident
+-- size within 16 MB of before for the supervisor, 32 MB for the engine)
 CREATE FUNCTION g4_rss_kb(pid int) RETURNS bigint
 LANGUAGE sql AS $$
     SELECT (regexp_match(pg_read_file('/proc/' || pid || '/status'), 'VmRSS:\s+(\d+) kB'))[1]::bigint
 $$;
-SELECT worker_pid AS sup_pid FROM gemma_stats \gset
-SELECT g4_rss_kb(:sup_pid) AS rss_before \gset
+SELECT worker_pid AS sup_pid, engine_pid AS eng_pid FROM gemma_stats \gset
+SELECT g4_rss_kb(:sup_pid) AS rss_before, g4_rss_kb(:eng_pid) AS eng_rss_before \gset
 SET gemma4.max_prompt_bytes = '64MB';
 SELECT length(gemma_detokenize(array_fill(1000, ARRAY[8000000]))) > 0 AS large_reply;
 SELECT cardinality(gemma_tokenize(repeat('ab ', 1000000))) > 0 AS large_request;
 RESET gemma4.max_prompt_bytes;
 SELECT g4_rss_kb(:sup_pid) - :rss_before < 16384 AS supervisor_memory_flat;
+SELECT g4_rss_kb(:eng_pid) - :eng_rss_before < 32768 AS engine_memory_returned;
 DROP FUNCTION g4_rss_kb(int);
 
 -- ---- special-token text in data is text ----------------------------------
