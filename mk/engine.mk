@@ -106,6 +106,31 @@ check-engine: $(TEST_BIN) $(FIXTURE_MODEL)/config.json $(FIXTURE_DENSE)/config.j
 	G4_GGUF_MODEL=$$(test -f $(DEFAULT_MODEL) && echo $(CURDIR)/$(DEFAULT_MODEL)) \
 	$(TEST_BIN) $(TESTS)
 
+# The engine tests again, built with AddressSanitizer and
+# UndefinedBehaviorSanitizer (CPU backend only): any invalid access, leak or
+# undefined behaviour ends the run with a report.  The fuzz loops of the
+# model loaders run in it too; the real 270M model is left to the plain run
+# (G4_GGUF_MODEL unset: its generation tests take too long instrumented).
+SAN_BUILD := $(BUILD)/sanitize
+SAN_CFLAGS = $(filter-out -O2,$(ENGINE_CFLAGS)) -O1 -fno-omit-frame-pointer \
+	-fsanitize=address,undefined -fno-sanitize-recover=all
+SAN_SRCS := $(filter-out src/engine/nocuda/%,$(wildcard src/engine/*.c src/engine/cpu/*.c)) \
+	src/engine/nocuda/backend_nocuda.c
+SAN_OBJS := $(patsubst %.c,$(SAN_BUILD)/obj/%.o,$(SAN_SRCS))
+SAN_TEST_BIN := $(SAN_BUILD)/run-engine-tests
+.PHONY: check-engine-sanitized
+$(SAN_BUILD)/obj/%.o: %.c $(wildcard src/engine/*.h src/engine/cpu/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN_CFLAGS) -c $< -o $@
+$(SAN_TEST_BIN): $(TEST_SRCS) $(wildcard test/engine/*.h) $(SAN_OBJS)
+	$(CC) $(SAN_CFLAGS) -Itest/engine -o $@ $(TEST_SRCS) $(SAN_OBJS) $(ENGINE_LDLIBS)
+check-engine-sanitized: $(SAN_TEST_BIN) $(FIXTURE_MODEL)/config.json $(FIXTURE_DENSE)/config.json
+	G4_TEST_SRCDIR=$(CURDIR) G4_TEST_TMPDIR=$(CURDIR)/$(SAN_BUILD)/test-tmp \
+	G4_FIXTURE_MODEL=$(CURDIR)/$(FIXTURE_MODEL) G4_FIXTURE_DENSE=$(CURDIR)/$(FIXTURE_DENSE) \
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	$(SAN_TEST_BIN) $(TESTS)
+
 # Benchmarks print figures; they never assert timings.
 BENCHES := $(BUILD)/bench-quant $(BUILD)/bench-tokenizer $(BUILD)/bench-membw
 $(BUILD)/bench-membw: test/bench/bench_membw.c

@@ -27,13 +27,15 @@ CREATE FUNCTION gemma_generate(prompt text,
 							   system text DEFAULT NULL,
 							   -- media
 							   max_soft_tokens int DEFAULT NULL,
-							   -- mtp: NULL follows gemma4.speculative
-							   speculative boolean DEFAULT NULL)
+							   -- NULL follows gemma4.speculative
+							   speculative boolean DEFAULT NULL,
+							   -- special-token text in the prompt is plain text unless true
+							   allow_control_tokens boolean DEFAULT false)
 RETURNS text
 AS 'MODULE_PATHNAME', 'gemma_generate'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000;
 
-COMMENT ON FUNCTION gemma_generate(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, int, boolean) IS
+COMMENT ON FUNCTION gemma_generate(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, int, boolean, boolean) IS
 'single-turn chat: the answer to prompt (after an optional system message); greedy unless temperature is given; images and audio are file bytes (PNG, JPEG, WebP, GIF; WAV, FLAC, MP3, Ogg Vorbis) that take the prompt''s <|image|> / <|audio|> placeholders in turn, or go before its text';
 
 CREATE FUNCTION gemma_complete(prompt text,
@@ -43,14 +45,16 @@ CREATE FUNCTION gemma_complete(prompt text,
 							   top_k int DEFAULT NULL,
 							   seed bigint DEFAULT NULL,
 							   stop text[] DEFAULT NULL,
-							   -- mtp: NULL follows gemma4.speculative
-							   speculative boolean DEFAULT NULL)
+							   -- NULL follows gemma4.speculative
+							   speculative boolean DEFAULT NULL,
+							   -- special-token text in the prompt is plain text unless true
+							   allow_control_tokens boolean DEFAULT false)
 RETURNS text
 AS 'MODULE_PATHNAME', 'gemma_complete'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000;
 
-COMMENT ON FUNCTION gemma_complete(text, int, float8, float8, int, bigint, text[], boolean) IS
-'raw completion: the text that follows prompt, no chat format applied';
+COMMENT ON FUNCTION gemma_complete(text, int, float8, float8, int, bigint, text[], boolean, boolean) IS
+'raw completion: the text that follows prompt, no chat format applied; special-token text in prompt is plain text unless allow_control_tokens';
 
 /*
  * One row per decoded piece, as it is decoded.  Rows stream when the call
@@ -71,13 +75,15 @@ CREATE FUNCTION gemma_generate_stream(prompt text,
 									  system text DEFAULT NULL,
 									  -- media
 									  max_soft_tokens int DEFAULT NULL,
-									  -- mtp: NULL follows gemma4.speculative
-									  speculative boolean DEFAULT NULL)
+									  -- NULL follows gemma4.speculative
+									  speculative boolean DEFAULT NULL,
+									  -- special-token text in the prompt is plain text unless true
+									  allow_control_tokens boolean DEFAULT false)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'gemma_generate_stream'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000 ROWS 100;
 
-COMMENT ON FUNCTION gemma_generate_stream(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, int, boolean) IS
+COMMENT ON FUNCTION gemma_generate_stream(text, bytea[], bytea[], int, float8, float8, int, bigint, text[], text, int, boolean, boolean) IS
 'gemma_generate, one row per decoded piece';
 
 CREATE FUNCTION gemma_complete_stream(prompt text,
@@ -87,13 +93,15 @@ CREATE FUNCTION gemma_complete_stream(prompt text,
 									  top_k int DEFAULT NULL,
 									  seed bigint DEFAULT NULL,
 									  stop text[] DEFAULT NULL,
-									  -- mtp: NULL follows gemma4.speculative
-									  speculative boolean DEFAULT NULL)
+									  -- NULL follows gemma4.speculative
+									  speculative boolean DEFAULT NULL,
+									  -- special-token text in the prompt is plain text unless true
+									  allow_control_tokens boolean DEFAULT false)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'gemma_complete_stream'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 10000 ROWS 100;
 
-COMMENT ON FUNCTION gemma_complete_stream(text, int, float8, float8, int, bigint, text[], boolean) IS
+COMMENT ON FUNCTION gemma_complete_stream(text, int, float8, float8, int, bigint, text[], boolean, boolean) IS
 'gemma_complete, one row per decoded piece';
 
 /*
@@ -113,13 +121,15 @@ CREATE FUNCTION gemma_complete_batch(prompts text[],
 									 top_k int DEFAULT NULL,
 									 seed bigint DEFAULT NULL,
 									 stop text[] DEFAULT NULL,
-									 -- mtp: NULL follows gemma4.speculative
-									 speculative boolean DEFAULT NULL)
+									 -- NULL follows gemma4.speculative
+									 speculative boolean DEFAULT NULL,
+									 -- special-token text in the prompt is plain text unless true
+									 allow_control_tokens boolean DEFAULT false)
 RETURNS text[]
 AS 'MODULE_PATHNAME', 'gemma_complete_batch'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
 
-COMMENT ON FUNCTION gemma_complete_batch(text[], int, float8, float8, int, bigint, text[], boolean) IS
+COMMENT ON FUNCTION gemma_complete_batch(text[], int, float8, float8, int, bigint, text[], boolean, boolean) IS
 'gemma_complete over many prompts at once, generated together';
 
 CREATE FUNCTION gemma_generate_batch(prompts text[],
@@ -134,13 +144,15 @@ CREATE FUNCTION gemma_generate_batch(prompts text[],
 									 images bytea[] DEFAULT NULL,
 									 audio bytea[] DEFAULT NULL,
 									 max_soft_tokens int DEFAULT NULL,
-									 -- mtp: NULL follows gemma4.speculative
-									 speculative boolean DEFAULT NULL)
+									 -- NULL follows gemma4.speculative
+									 speculative boolean DEFAULT NULL,
+									 -- special-token text in the prompt is plain text unless true
+									 allow_control_tokens boolean DEFAULT false)
 RETURNS text[]
 AS 'MODULE_PATHNAME', 'gemma_generate_batch'
 LANGUAGE C VOLATILE PARALLEL SAFE COST 100000;
 
-COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text, bytea[], bytea[], int, boolean) IS
+COMMENT ON FUNCTION gemma_generate_batch(text[], int, float8, float8, int, bigint, text[], text, bytea[], bytea[], int, boolean, boolean) IS
 'gemma_generate over many prompts at once, generated together; images[i] and audio[i] (NULL: none) go with prompts[i]';
 
 CREATE FUNCTION gemma_chat(messages jsonb, options jsonb DEFAULT '{}')
@@ -594,3 +606,41 @@ SELECT j.id AS job,
  CROSS JOIN LATERAL (SELECT extract(epoch FROM coalesce(j.finished_at, now()) - j.started_at)::float8
 							AS seconds) t;
 GRANT SELECT ON gemma_jobs TO PUBLIC;
+
+/*
+ * Who may use the model (safety).
+ *
+ * The engine is shared by every database of the cluster: nothing that loads
+ * it is executable by PUBLIC.  Members of the role gemma_user may call the
+ * generation and tokenizer functions:
+ *   GRANT gemma_user TO app_role;
+ * The role is cluster-wide and made here when it does not exist yet (it
+ * outlives DROP EXTENSION, like any role).  Limits per role:
+ * gemma4.max_requests_per_role, gemma4.max_tokens_limit,
+ * gemma4.max_prompt_bytes (see the README, "Security").
+ */
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'gemma_user') THEN
+		CREATE ROLE gemma_user NOLOGIN;
+	END IF;
+END $$;
+COMMENT ON ROLE gemma_user IS 'may call the gemma4 generation and tokenizer functions';
+
+DO $$
+DECLARE
+	f regprocedure;
+BEGIN
+	-- this extension's functions, whatever their signatures
+	FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+			 JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+			 JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'gemma4'
+			 WHERE p.proname IN ('gemma_generate', 'gemma_complete', 'gemma_generate_stream',
+								 'gemma_complete_stream', 'gemma_generate_batch', 'gemma_complete_batch',
+								 'gemma_chat', 'gemma_tokenize', 'gemma_detokenize', 'gemma_wait_ready',
+								 'gemma_job_create')
+	LOOP
+		EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+		EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO gemma_user', f);
+	END LOOP;
+END $$;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every suite and prints one summary line "N passed, M failed":
-#   1. engine tests (make check-engine: no PostgreSQL, no GPU)
+#   1. engine tests (make check-engine: no PostgreSQL, no GPU), then the same
+#      built with AddressSanitizer and UndefinedBehaviorSanitizer
+#      (make check-engine-sanitized)
 #   2. PostgreSQL suites (regression, concurrency, faults) against a private
 #      copy of the server with the extension installed (make pg-private:
 #      build/pg), when PostgreSQL's server and development files are present
@@ -17,6 +19,9 @@ mkdir -p build
 log=build/engine-tests.log
 make --no-print-directory check-engine 2>&1 | tee "$log"
 tally "$log" engine
+log=build/engine-tests-sanitized.log
+make --no-print-directory check-engine-sanitized 2>&1 | tee "$log"
+tally "$log" engine-sanitized
 
 if [ -x test/pg/run-pg-tests.sh ]; then
   log=build/pg-tests.log

@@ -3,9 +3,12 @@
  *
  * The published Jinja templates are rendered by hand, statement for
  * statement, into text; media parts are then expanded the way the
- * processors do it, and the whole text is tokenised once — so special-token
- * strings inside user text become special tokens, exactly as
- * apply_chat_template followed by the processor does.
+ * processors do it, and the whole text is tokenised once.  With
+ * allow_control_tokens, special-token strings inside message text become
+ * special tokens, exactly as apply_chat_template followed by the processor
+ * does; without it (what the SQL functions do by default) the content's
+ * byte ranges are encoded with special tokens as plain text, so data cannot
+ * close a turn or forge one (g4_tok_encode_plain).
  *
  * Gemma 4 (google/gemma-4 chat_template, llama.cpp models/templates/
  * gemma4.jinja), without tools:
@@ -165,6 +168,48 @@ g4_chat_expand_media(const g4_tokenizer *tok, const g4_chat_ids *ids, int kind, 
 	return append_media(tok, out, ids->audio_begin, ids->audio_soft, ids->audio_end, n, "");
 }
 
+/* The byte ranges of message content in the rendered text. */
+typedef struct
+{
+	g4_tok_span *v;
+	int			n;
+	int			cap;
+} span_list;
+
+/* Record out[from, out->len) as content; no-op without a list. */
+static int
+mark_content(span_list *l, const g4_buf *out, size_t from)
+{
+	if (!l || out->len == from)
+		return 0;
+	if (l->n == l->cap)
+	{
+		int			cap = l->cap ? l->cap * 2 : 16;
+		g4_tok_span *p = g4_realloc(l->v, sizeof(g4_tok_span) * (size_t) cap);
+
+		if (!p)
+			return -1;
+		l->v = p;
+		l->cap = cap;
+	}
+	l->v[l->n].off = from;
+	l->v[l->n].len = out->len - from;
+	l->n++;
+	return 0;
+}
+
+/* One text of a message as the template writes it (model text without its
+ * thoughts, user text trimmed), recorded as content. */
+static int
+append_content(g4_buf *out, span_list *plain, const char *text, int model, g4_buf *tmp)
+{
+	size_t		from = out->len;
+	const char *c = text ? text : "";
+	int			rc = model ? append_model_text(out, c, strlen(c), tmp) : append_trimmed(out, c, strlen(c));
+
+	return rc | mark_content(plain, out, from);
+}
+
 static int
 resolve(const g4_tokenizer *tok, const char *name, int required, int *id, g4_err *err)
 {
@@ -271,7 +316,7 @@ check_parts(const g4_chat_ids *ids, const g4_message *m, int i, g4_err *err)
 
 static int
 render_gemma4(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message *msgs, int n,
-			  int thinking, int gen, g4_buf *out, g4_buf *tmp, g4_err *err)
+			  int thinking, int gen, g4_buf *out, span_list *plain, g4_buf *tmp, g4_err *err)
 {
 	int			first = 0,
 				i,
@@ -290,7 +335,7 @@ render_gemma4(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message 
 			if (msgs[0].parts)
 				return g4_fail(err, G4_ERR_INVALID, "the system message must be plain text (content)");
 			if (msgs[0].content)
-				rc |= append_trimmed(out, msgs[0].content, strlen(msgs[0].content));
+				rc |= append_content(out, plain, msgs[0].content, 0, tmp);
 			first = 1;
 		}
 		rc |= g4_buf_puts(out, "<turn|>\n");
@@ -304,11 +349,7 @@ render_gemma4(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message 
 		rc |= g4_buf_puts(out, role_name(m->role));
 		rc |= g4_buf_puts(out, "\n");
 		if (!m->parts)
-		{
-			const char *c = m->content ? m->content : "";
-
-			rc |= model ? append_model_text(out, c, strlen(c), tmp) : append_trimmed(out, c, strlen(c));
-		}
+			rc |= append_content(out, plain, m->content, model, tmp);
 		else
 		{
 			for (k = 0; k < m->n_parts; k++)
@@ -316,12 +357,7 @@ render_gemma4(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message 
 				const g4_content_part *p = &m->parts[k];
 
 				if (p->kind == G4_PART_TEXT)
-				{
-					const char *c = p->text ? p->text : "";
-
-					rc |= model ? append_model_text(out, c, strlen(c), tmp) :
-						append_trimmed(out, c, strlen(c));
-				}
+					rc |= append_content(out, plain, p->text, model, tmp);
 				else if (p->kind == G4_PART_IMAGE)
 					rc |= append_media(tok, out, ids->image_begin, ids->image_soft, ids->image_end,
 									   p->n_soft_tokens, "\n\n");
@@ -343,7 +379,7 @@ render_gemma4(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message 
 
 static int
 render_gemma3(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message *msgs, int n,
-			  int gen, g4_buf *out, g4_err *err)
+			  int gen, g4_buf *out, span_list *plain, g4_buf *tmp, g4_err *err)
 {
 	const char *prefix = NULL;
 	int			first = 0,
@@ -378,15 +414,14 @@ render_gemma3(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message 
 		rc |= g4_buf_puts(out, "\n");
 		if (i == first && prefix)
 		{
+			size_t		from = out->len;
+
 			rc |= g4_buf_puts(out, prefix);
+			rc |= mark_content(plain, out, from);
 			rc |= g4_buf_puts(out, "\n\n");
 		}
 		if (!m->parts)
-		{
-			const char *c = m->content ? m->content : "";
-
-			rc |= append_trimmed(out, c, strlen(c));
-		}
+			rc |= append_content(out, plain, m->content, 0, tmp);
 		else
 		{
 			for (k = 0; k < m->n_parts; k++)
@@ -394,7 +429,7 @@ render_gemma3(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message 
 				const g4_content_part *p = &m->parts[k];
 
 				if (p->kind == G4_PART_TEXT)
-					rc |= append_trimmed(out, p->text ? p->text : "", p->text ? strlen(p->text) : 0);
+					rc |= append_content(out, plain, p->text, 0, tmp);
 				else if (p->kind == G4_PART_IMAGE)
 					rc |= append_media(tok, out, ids->image_begin, ids->image_soft, ids->image_end,
 									   p->n_soft_tokens, "\n\n");
@@ -409,11 +444,13 @@ render_gemma3(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message 
 
 int
 g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message *msgs,
-			   int n_msgs, int enable_thinking, int add_generation_prompt,
-			   int32_t **out, int *n, int *cap, g4_err *err)
+			   int n_msgs, int enable_thinking, int add_generation_prompt, int allow_control_tokens,
+			   const volatile int *cancel, int32_t **out, int *n, int *cap, g4_err *err)
 {
 	g4_buf		text = {0},
 				tmp = {0};
+	span_list	spans = {0};
+	span_list  *plain = allow_control_tokens ? NULL : &spans;
 	size_t		bl;
 	const char *bos;
 	int			rc,
@@ -433,7 +470,7 @@ g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message
 	}
 	if (ids->format == G4_CHAT_GEMMA4)
 		rc = render_gemma4(tok, ids, msgs, n_msgs, enable_thinking, add_generation_prompt,
-						   &text, &tmp, err);
+						   &text, plain, &tmp, err);
 	else if (ids->format == G4_CHAT_GEMMA3)
 	{
 		for (i = 0; i < n_msgs; i++)
@@ -447,13 +484,14 @@ g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message
 					return g4_fail(err, G4_ERR_UNSUPPORTED, "message %d: Gemma 3 has no audio input", i);
 				}
 		}
-		rc = render_gemma3(tok, ids, msgs, n_msgs, add_generation_prompt, &text, err);
+		rc = render_gemma3(tok, ids, msgs, n_msgs, add_generation_prompt, &text, plain, &tmp, err);
 	}
 	else
 		rc = g4_fail(err, G4_ERR_INVALID, "unknown chat format %d", ids->format);
 	if (rc == G4_OK)
-		rc = g4_tok_encode(tok, text.data, text.len, 0, out, n, cap, err);
+		rc = g4_tok_encode_plain(tok, text.data, text.len, 0, spans.v, spans.n, cancel, out, n, cap, err);
 	g4_buf_free(&text);
 	g4_buf_free(&tmp);
+	free(spans.v);
 	return rc;
 }

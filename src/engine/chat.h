@@ -38,10 +38,13 @@ typedef struct
 
 int			g4_chat_init(const g4_tokenizer *tok, int format, g4_chat_ids *ids, g4_err *err);
 
-/* Render messages to token ids (appended to *out, realloc'd). */
+/* Render messages to token ids (appended to *out, realloc'd).  Without
+ * allow_control_tokens, special-token text inside message content is
+ * encoded as plain text.  cancel, when not NULL, is polled while encoding. */
 int			g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids,
 						   const g4_message *msgs, int n_msgs, int enable_thinking,
-						   int add_generation_prompt,
+						   int add_generation_prompt, int allow_control_tokens,
+						   const volatile int *cancel,
 						   int32_t **out, int *n, int *cap, g4_err *err);
 
 /* Append a media item (kind: g4_media_kind) as the processor expands its

@@ -601,6 +601,10 @@ g4_config_load_gguf(const g4_gguf *g, g4_model_config *c, g4_err *err)
 	return g4_config_validate(c, err);
 }
 
+/* Largest width (hidden, intermediate, heads x head_dim) and window accepted. */
+#define G4_CONFIG_DIM_MAX		(1 << 20)
+#define G4_CONFIG_WINDOW_MAX	(1 << 26)
+
 int
 g4_config_validate(const g4_model_config *c, g4_err *err)
 {
@@ -619,6 +623,16 @@ g4_config_validate(const g4_model_config *c, g4_err *err)
 						   "model config: %s layers have head_dim %d and %d KV heads for %d query heads",
 						   t ? "full" : "sliding", a->head_dim, a->n_kv_heads, c->n_heads);
 	}
+	/* bounds far beyond any real model, so the size arithmetic elsewhere
+	 * (n_heads * head_dim, window block counts) cannot overflow an int */
+	if (c->hidden_size > G4_CONFIG_DIM_MAX || c->intermediate_size > G4_CONFIG_DIM_MAX ||
+		c->n_heads > G4_CONFIG_DIM_MAX / G4_MAX(c->attn[0].head_dim, c->attn[1].head_dim) ||
+		c->sliding_window > G4_CONFIG_WINDOW_MAX || c->max_position > G4_CONFIG_WINDOW_MAX)
+		return g4_fail(err, G4_ERR_FORMAT,
+					   "model config: hidden_size %d, intermediate_size %d, %d heads of %d/%d, sliding_window %d, "
+					   "max_position_embeddings %d exceed the supported sizes",
+					   c->hidden_size, c->intermediate_size, c->n_heads, c->attn[0].head_dim, c->attn[1].head_dim,
+					   c->sliding_window, c->max_position);
 	if (c->sliding_window <= 0)
 	{
 		for (t = 0; t < c->n_layers; t++)

@@ -358,20 +358,65 @@ add_seq(g4_engine *e, g4_seq *s, uint64_t *seq_id, g4_err *err)
 	return G4_OK;
 }
 
-int
-g4_submit(g4_engine *e, const g4_request *req, uint64_t *seq_id, g4_err *err)
+/* A request prepared off the engine thread: its sequence, not yet queued. */
+struct g4_prepared
 {
-	g4_seq	   *s = g4_seq_new(e, req, err);
+	g4_seq	   *seq;
+};
+
+int
+g4_prepare(g4_engine *e, const g4_request *req, const volatile int *cancel, g4_prepared **out,
+		   g4_err *err)
+{
+	g4_prepared *p = g4_calloc(1, sizeof(g4_prepared));
+
+	*out = NULL;
+	if (!p)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	p->seq = g4_seq_prepare(e, req, cancel, err);
+	if (!p->seq)
+	{
+		free(p);
+		return err->code;
+	}
+	*out = p;
+	return G4_OK;
+}
+
+int
+g4_submit_prepared(g4_engine *e, g4_prepared *p, uint64_t *seq_id, g4_err *err)
+{
+	g4_seq	   *s = p->seq;
 	int			rc;
 
-	if (!s)
-		return err->code;
+	free(p);
+	g4_seq_admit(e, s);
 	rc = g4_seq_embed_media(e, s, err);
 	if (rc == G4_OK)
 		rc = add_seq(e, s, seq_id, err);
 	if (rc != G4_OK)
 		g4_seq_free(s);
 	return rc;
+}
+
+void
+g4_prepared_free(g4_prepared *p)
+{
+	if (!p)
+		return;
+	g4_seq_free(p->seq);
+	free(p);
+}
+
+int
+g4_submit(g4_engine *e, const g4_request *req, uint64_t *seq_id, g4_err *err)
+{
+	g4_prepared *p;
+	int			rc = g4_prepare(e, req, NULL, &p, err);
+
+	if (rc != G4_OK)
+		return rc;
+	return g4_submit_prepared(e, p, seq_id, err);
 }
 
 int

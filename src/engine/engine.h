@@ -201,8 +201,11 @@ typedef struct
 	int			max_soft_tokens;	/* per image: 70/140/280/560/1120; 0 = engine default (280) */
 	int64_t		max_image_pixels;	/* decode limits; 0 = engine defaults */
 	double		max_audio_seconds;
-	/* mtp branch */
+	/* speculative decoding */
 	int			disable_speculative;	/* 1: no drafting for this request (0, the zero value, allows it) */
+	/* untrusted text */
+	int			allow_control_tokens;	/* 0 (default): special-token text inside prompt / message
+										 * content is tokenised as plain text; 1: parsed as control tokens */
 } g4_request;
 
 /* ---- events ---------------------------------------------------------- */
@@ -362,9 +365,24 @@ int			g4_detokenize(g4_engine *e, const int32_t *ids, int n_ids,
 
 /* Queue a request.  Validates it fully (bad sampling values, prompt longer
  * than the window, a request that can never fit the KV pool) and fails with
- * a precise message rather than queueing something that cannot run. */
+ * a precise message rather than queueing something that cannot run.
+ * = g4_prepare (no cancel) + g4_submit_prepared. */
 int			g4_submit(g4_engine *e, const g4_request *req, uint64_t *seq_id,
 					  g4_err *err);
+
+/* ---- off-loop request preparation (safety) ----
+ * Everything submission does that needs no scheduler or device:
+ * tokenisation, chat formatting, validation.  Thread-safe: may run on any
+ * thread, concurrently with g4_step and other g4_prepare calls.  When cancel
+ * is not NULL it is polled; a non-zero value stops the work with
+ * G4_ERR_CANCELLED.  The request's strings need not outlive the call. */
+typedef struct g4_prepared g4_prepared;
+int			g4_prepare(g4_engine *e, const g4_request *req, const volatile int *cancel,
+					   g4_prepared **out, g4_err *err);
+/* Queue a prepared request (engine thread only); takes ownership of p in
+ * every case. */
+int			g4_submit_prepared(g4_engine *e, g4_prepared *p, uint64_t *seq_id, g4_err *err);
+void		g4_prepared_free(g4_prepared *p);
 
 /* Cancel a sequence: its KV blocks are freed before this returns and a
  * G4_EV_FINISH with G4_FINISH_CANCELLED is delivered.  Unknown ids are

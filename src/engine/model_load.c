@@ -97,13 +97,17 @@ st_linear(loader *L, const char *base, int64_t out, int64_t in, g4_host_weight *
 
 			if (ws->numel == 2 && ws->dtype == G4_DT_I64)
 			{
-				o = ((const int64_t *) ws->data)[0];
-				i = ((const int64_t *) ws->data)[1];
+				/* tensor data need not be aligned in the file */
+				memcpy(&o, (const char *) ws->data, sizeof(o));
+				memcpy(&i, (const char *) ws->data + sizeof(o), sizeof(i));
 			}
 			else if (ws->numel == 2 && ws->dtype == G4_DT_I32)
 			{
-				o = ((const int32_t *) ws->data)[0];
-				i = ((const int32_t *) ws->data)[1];
+				int32_t		v[2];
+
+				memcpy(v, ws->data, sizeof(v));
+				o = v[0];
+				i = v[1];
 			}
 			if (o != out || i != in)
 				return g4_fail(err, G4_ERR_FORMAT, "%s: expected [%lld, %lld], found [%lld, %lld]", name,

@@ -56,7 +56,7 @@ g4_seq_free(g4_seq *s)
 }
 
 static int
-tokenize_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
+tokenize_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const volatile int *cancel, g4_err *err)
 {
 	int			vocab = e->model->cfg.vocab_size;
 	int			i;
@@ -66,8 +66,14 @@ tokenize_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 		case G4_INPUT_TEXT:
 			if (!req->prompt || req->prompt[0] == '\0')
 				return g4_fail(err, G4_ERR_INVALID, "the prompt is empty");
-			return g4_tok_encode(e->tok, req->prompt, strlen(req->prompt), 1, &s->tok, &s->n_tok,
-								 &s->cap_tok, err);
+			{
+				/* the whole prompt is data unless control tokens are allowed */
+				g4_tok_span all = {0, strlen(req->prompt)};
+
+				return g4_tok_encode_plain(e->tok, req->prompt, all.len, 1,
+										   &all, req->allow_control_tokens ? 0 : 1, cancel,
+										   &s->tok, &s->n_tok, &s->cap_tok, err);
+			}
 		case G4_INPUT_CHAT:
 			if (!e->chat_ok)
 				return g4_fail(err, G4_ERR_UNSUPPORTED, "this model's tokenizer lacks the chat format's tokens");
@@ -85,7 +91,7 @@ tokenize_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 					return g4_fail(err, G4_ERR_INVALID, "a system message may only come first (message %d)", i + 1);
 			}
 			return g4_chat_encode(e->tok, &e->chat, req->messages, req->n_messages, req->enable_thinking, 1,
-								  &s->tok, &s->n_tok, &s->cap_tok, err);
+								  req->allow_control_tokens, cancel, &s->tok, &s->n_tok, &s->cap_tok, err);
 		case G4_INPUT_TOKENS:
 			if (req->n_tokens <= 0 || !req->tokens)
 				return g4_fail(err, G4_ERR_INVALID, "the prompt has no tokens");
@@ -105,7 +111,8 @@ tokenize_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 /* Decode and preprocess the request's media, place them in the prompt,
  * tokenise it, and find the soft-token positions.  No backend work. */
 static int
-build_media_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
+build_media_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const volatile int *cancel,
+				   g4_err *err)
 {
 	g4_media_limits lim;
 	g4_media_prompt placed;
@@ -144,7 +151,7 @@ build_media_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 	}
 	if ((rc = g4_media_place(e->tok, &e->chat, req, s->media_in, n, &placed, err)) != G4_OK)
 		return rc;
-	rc = tokenize_prompt(e, s, &placed.req, err);
+	rc = tokenize_prompt(e, s, &placed.req, cancel, err);
 	g4_media_prompt_free(&placed);
 	if (rc != G4_OK)
 		return rc;
@@ -153,11 +160,11 @@ build_media_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
 }
 
 static int
-build_prompt(g4_engine *e, g4_seq *s, const g4_request *req, g4_err *err)
+build_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const volatile int *cancel, g4_err *err)
 {
 	if (req->n_media != 0)
-		return build_media_prompt(e, s, req, err);
-	return tokenize_prompt(e, s, req, err);
+		return build_media_prompt(e, s, req, cancel, err);
+	return tokenize_prompt(e, s, req, cancel, err);
 }
 
 int
@@ -208,8 +215,15 @@ g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err)
 	return G4_OK;
 }
 
+
+/*
+ * The part of a new sequence that needs no scheduler state: validation,
+ * prompt building (tokenisation, chat format) and the per-sequence buffers.
+ * It only reads what g4_open set up, so it may run on any thread, beside
+ * g4_step (g4_prepare).
+ */
 g4_seq *
-g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
+g4_seq_prepare(const g4_engine *e, const g4_request *req, const volatile int *cancel, g4_err *err)
 {
 	g4_seq	   *s = g4_calloc(1, sizeof(g4_seq));
 	int			window = e->max_model_len;
@@ -228,7 +242,7 @@ g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
 	s->spec_off = req->disable_speculative != 0;
 	s->spec_row = -1;
 	s->spec_rate = (float) G4_SPEC_MAX_TOKENS;
-	if (g4_sampling_validate(&s->samp, err) != G4_OK || build_prompt(e, s, req, err) != G4_OK)
+	if (g4_sampling_validate(&s->samp, err) != G4_OK || build_prompt(e, s, req, cancel, err) != G4_OK)
 	{
 		g4_seq_free(s);
 		return NULL;
@@ -314,11 +328,30 @@ g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
 		}
 		s->has_hist = 1;
 	}
-	g4_rng_seed(&s->rng, s->samp.has_seed ? s->samp.seed : g4_rng_next(&e->seeder));
+	if (s->samp.has_seed)
+		g4_rng_seed(&s->rng, s->samp.seed);
 	g4_detok_init(&s->detok, e->tok, 1);
 	s->channel = G4_CHANNEL_CONTENT;
 	s->user_tag = req->user_tag;
 	s->t_submit = g4_now();
+	return s;
+}
+
+/* Engine thread: what a prepared sequence takes from the engine's state. */
+void
+g4_seq_admit(g4_engine *e, g4_seq *s)
+{
+	if (!s->samp.has_seed)
+		g4_rng_seed(&s->rng, g4_rng_next(&e->seeder));
+}
+
+g4_seq *
+g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err)
+{
+	g4_seq	   *s = g4_seq_prepare(e, req, NULL, err);
+
+	if (s)
+		g4_seq_admit(e, s);
 	return s;
 }
 

@@ -810,6 +810,12 @@ typedef struct
 	size_t		heap_len;
 	g4_buf		norm;
 	g4_buf		tmp;
+	/* spans of the text where special tokens are plain text */
+	const char *text;
+	const g4_tok_span *plain;
+	int			n_plain;
+	int			stretch_plain;	/* the stage 1 stretch touches a plain span */
+	const volatile int *cancel;	/* polled once per word */
 } enc_ctx;
 
 static int
@@ -1049,6 +1055,15 @@ bpe_word(enc_ctx *c, const char *word, size_t n)
 	return G4_OK;
 }
 
+/* BPE one word, unless the caller cancelled the encoding. */
+static int
+bpe_word_or_cancel(enc_ctx *c, const char *word, size_t n)
+{
+	if (c->cancel && *c->cancel)
+		return g4_fail(c->err, G4_ERR_CANCELLED, "tokenisation cancelled");
+	return bpe_word(c, word, n);
+}
+
 /* Pre-tokenise a normalised stretch and BPE each word. */
 static int
 pretokenize_and_bpe(enc_ctx *c, const char *s, size_t n)
@@ -1063,7 +1078,7 @@ pretokenize_and_bpe(enc_ctx *c, const char *s, size_t n)
 	if (n == 0)
 		return G4_OK;
 	if (t->split_behavior == G4_SPLIT_NONE || pl == 0)
-		return bpe_word(c, s, n);
+		return bpe_word_or_cancel(c, s, n);
 
 	/*
 	 * Split on every occurrence of the literal pattern.  Pieces are emitted
@@ -1082,23 +1097,23 @@ pretokenize_and_bpe(enc_ctx *c, const char *s, size_t n)
 		switch (t->split_behavior)
 		{
 			case G4_SPLIT_REMOVED:
-				if ((rc = bpe_word(c, s + start, i - start)) != G4_OK)
+				if ((rc = bpe_word_or_cancel(c, s + start, i - start)) != G4_OK)
 					return rc;
 				start = me;
 				break;
 			case G4_SPLIT_ISOLATED:
-				if ((rc = bpe_word(c, s + start, i - start)) != G4_OK ||
-					(rc = bpe_word(c, s + i, pl)) != G4_OK)
+				if ((rc = bpe_word_or_cancel(c, s + start, i - start)) != G4_OK ||
+					(rc = bpe_word_or_cancel(c, s + i, pl)) != G4_OK)
 					return rc;
 				start = me;
 				break;
 			case G4_SPLIT_MERGED_PREV:
-				if ((rc = bpe_word(c, s + start, me - start)) != G4_OK)
+				if ((rc = bpe_word_or_cancel(c, s + start, me - start)) != G4_OK)
 					return rc;
 				start = me;
 				break;
 			case G4_SPLIT_MERGED_NEXT:
-				if ((rc = bpe_word(c, s + start, i - start)) != G4_OK)
+				if ((rc = bpe_word_or_cancel(c, s + start, i - start)) != G4_OK)
 					return rc;
 				start = i;
 				break;
@@ -1108,8 +1123,8 @@ pretokenize_and_bpe(enc_ctx *c, const char *s, size_t n)
 
 					while (e + pl <= n && memcmp(s + e, pat, pl) == 0)
 						e += pl;
-					if ((rc = bpe_word(c, s + start, i - start)) != G4_OK ||
-						(rc = bpe_word(c, s + i, e - i)) != G4_OK)
+					if ((rc = bpe_word_or_cancel(c, s + start, i - start)) != G4_OK ||
+						(rc = bpe_word_or_cancel(c, s + i, e - i)) != G4_OK)
 						return rc;
 					me = e;
 					start = e;
@@ -1118,7 +1133,7 @@ pretokenize_and_bpe(enc_ctx *c, const char *s, size_t n)
 		}
 		i = me;
 	}
-	return bpe_word(c, s + start, n - start);
+	return bpe_word_or_cancel(c, s + start, n - start);
 }
 
 static int
@@ -1227,6 +1242,59 @@ word_after(const unsigned char *s, size_t n, size_t i)
 
 static int encode_stretch(enc_ctx *c, const char *s, size_t n, int normalized_stage);
 
+/* The plain span containing text offset pos, or NULL. */
+static const g4_tok_span *
+plain_span_at(const enc_ctx *c, size_t pos)
+{
+	int			i;
+
+	for (i = 0; i < c->n_plain; i++)
+		if (pos >= c->plain[i].off && pos - c->plain[i].off < c->plain[i].len)
+			return &c->plain[i];
+	return NULL;
+}
+
+/* Does [off, off + n) of the text overlap a plain span? */
+static int
+touches_plain(const enc_ctx *c, size_t off, size_t n)
+{
+	int			i;
+
+	for (i = 0; i < c->n_plain; i++)
+		if (off < c->plain[i].off + c->plain[i].len && c->plain[i].off < off + n)
+			return 1;
+	return 0;
+}
+
+/*
+ * May a special token found at str[start..stop) be a control token?  When
+ * not, *resume is where the search goes on.  Stage 0 works on the text
+ * itself (offsets known); stage 2 on normalised text, where a stretch that
+ * touches a plain span has all its special tokens as text.
+ */
+static int
+special_allowed(const enc_ctx *c, const char *str, size_t start, size_t stop, int stage,
+				size_t *resume)
+{
+	size_t		off;
+	const g4_tok_span *sp;
+
+	*resume = stop;
+	if (c->n_plain == 0)
+		return 1;
+	if (stage != 0)
+		return !c->stretch_plain;
+	off = (size_t) (str - c->text);
+	if (!touches_plain(c, off + start, stop - start))
+		return 1;
+	sp = plain_span_at(c, off + start);
+	if (sp == NULL)
+		*resume = start + 1;	/* begins before the data, runs into it */
+	else if (sp->off + sp->len < off + stop)
+		*resume = sp->off + sp->len - off;	/* runs past the data's end */
+	return 0;
+}
+
 /*
  * Find the added tokens of one trie in s; encode the gaps with the next
  * stage.  This follows the reference's find_matches step for step:
@@ -1264,6 +1332,8 @@ split_added(enc_ctx *c, const g4_tok_trie *tr, const char *str, size_t n, int st
 		start = i;
 		stop = i + len;
 		i = stop;
+		if (a->special && !special_allowed(c, str, start, stop, stage, &i))
+			continue;
 		if (a->single_word && (word_before(s, start) || word_after(s, n, stop)))
 			continue;
 		if (a->lstrip)
@@ -1316,6 +1386,8 @@ encode_stretch(enc_ctx *c, const char *s, size_t n, int stage)
 	{
 		g4_buf		own;
 
+		c->stretch_plain = c->n_plain > 0 && touches_plain(c, (size_t) (s - c->text), n);
+
 		if ((rc = normalize(t, s, n, &c->norm, &c->tmp, c->err)) != G4_OK)
 			return rc;
 		if (t->norm_trie.n_nodes == 0)
@@ -1335,10 +1407,22 @@ int
 g4_tok_encode(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
 			  int32_t **ids, int *n, int *cap, g4_err *err)
 {
+	return g4_tok_encode_plain(t, text, len, add_bos, NULL, 0, NULL, ids, n, cap, err);
+}
+
+int
+g4_tok_encode_plain(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
+					const g4_tok_span *plain, int n_plain, const volatile int *cancel,
+					int32_t **ids, int *n, int *cap, g4_err *err)
+{
 	enc_ctx		c;
 	int			rc = G4_OK;
 
 	memset(&c, 0, sizeof(c));
+	c.cancel = cancel;
+	c.text = text;
+	c.plain = plain;
+	c.n_plain = n_plain;
 	c.t = t;
 	c.ids = ids;
 	c.n = n;

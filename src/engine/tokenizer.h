@@ -57,6 +57,26 @@ int			g4_tok_is_special(const g4_tokenizer *t, int id);
 int			g4_tok_encode(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
 						  int32_t **ids, int *n, int *cap, g4_err *err);
 
+/* A byte range of the text to encode. */
+typedef struct
+{
+	size_t		off;
+	size_t		len;
+} g4_tok_span;
+
+/* Encode text in which the spans in plain[] (sorted, disjoint) are data:
+ * special added tokens are not matched inside them, their text is encoded
+ * like any other (non-special added tokens still are, as in the reference
+ * with encode_special_tokens).  A special token starting inside a plain span
+ * and ending after it is not matched either; the search resumes at the
+ * span's end, so a control token the caller put right after the data is
+ * still found.  With plain[] covering the whole text this is exactly the
+ * reference's encode_special_tokens = True; with n_plain = 0, g4_tok_encode.
+ * When cancel is not NULL it is polled; non-zero stops with G4_ERR_CANCELLED. */
+int			g4_tok_encode_plain(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
+								const g4_tok_span *plain, int n_plain, const volatile int *cancel,
+								int32_t **ids, int *n, int *cap, g4_err *err);
+
 /* Decode a whole sequence (malloc'd, NUL-terminated). */
 int			g4_tok_decode(const g4_tokenizer *t, const int32_t *ids, int n, int skip_special,
 						  char **text, size_t *len, g4_err *err);

@@ -791,7 +791,8 @@ g4_tok_load_gguf(const g4_gguf *g, g4_tokenizer **out, g4_err *err)
 			(rc = add_splits(t, id, 0, &list, &n_list, &cap_list, err)) != G4_OK)
 			goto fail;
 	}
-	qsort(list, n_list, sizeof(*list), cmp_ws_merge);
+	if (n_list > 0)				/* qsort needs a valid array even for none */
+		qsort(list, n_list, sizeof(*list), cmp_ws_merge);
 	for (k = 0; k < n_list; k++)
 		if ((rc = g4_tokb_add_merge(t, list[k].left, list[k].right, list[k].id, rank++, err)) != G4_OK)
 			goto fail;
@@ -811,7 +812,8 @@ g4_tok_load_gguf(const g4_gguf *g, g4_tokenizer **out, g4_err *err)
 		if ((rc = add_splits(t, id, score, &list, &n_list, &cap_list, err)) != G4_OK)
 			goto fail;
 	}
-	qsort(list, n_list, sizeof(*list), cmp_score_merge);
+	if (n_list > 0)				/* qsort needs a valid array even for none */
+		qsort(list, n_list, sizeof(*list), cmp_score_merge);
 	for (k = 0; k < n_list; k++)
 		if ((rc = g4_tokb_add_merge(t, list[k].left, list[k].right, list[k].id, rank++, err)) != G4_OK)
 			goto fail;

@@ -23,6 +23,13 @@
  * at most every STATS_INTERVAL, and at once when the engine falls idle so
  * the views show an empty pool.
  *
+ * Submissions are prepared off the loop: a few preparation threads
+ * tokenise and format each request (g4_prepare; gemma_tokenize and
+ * gemma_detokenize too), so a huge prompt never holds up the steps of the
+ * others; the loop queues what they finished (g4_submit_prepared) and sends
+ * every frame itself.  A cancel reaching a request still in preparation
+ * stops its tokenisation.
+ *
  * IDENTIFICATION
  *	  src/pg/engine_proc.c
  *
@@ -33,10 +40,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,6 +61,8 @@
 #undef vsnprintf
 
 #define STATS_INTERVAL 0.1		/* seconds */
+#define REPLY_CHUNK		((size_t) 1 << 20)	/* largest piece of a tokenizer reply */
+#define PREP_THREADS	2		/* requests prepared at once, beside the steps */
 
 /* Exit statuses, as the supervisor logs them. */
 #define EXIT_SETUP		1		/* could not set the process up, or load the model */
@@ -71,7 +83,10 @@ typedef struct EngineApi
 							 int32_t **ids, int *n_ids, g4_err *err);
 	int			(*detokenize) (g4_engine *e, const int32_t *ids, int n_ids,
 							   char **text, size_t *len, g4_err *err);
-	int			(*submit) (g4_engine *e, const g4_request *req, uint64_t *seq_id, g4_err *err);
+	int			(*prepare) (g4_engine *e, const g4_request *req, const volatile int *cancel,
+							g4_prepared **out, g4_err *err);
+	int			(*submit_prepared) (g4_engine *e, g4_prepared *p, uint64_t *seq_id, g4_err *err);
+	void		(*prepared_free) (g4_prepared *p);
 	void		(*cancel) (g4_engine *e, uint64_t seq_id, g4_event_fn fn, void *ctx);
 	int			(*step) (g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err);
 	int			(*has_work) (const g4_engine *e);
@@ -87,9 +102,56 @@ typedef struct SeqMap
 	uint64		request_id;
 } SeqMap;
 
+/*
+ * One submission being prepared.  Its payload is a copy of the frame's;
+ * the request's pointers point into it.  The preparation thread fills the
+ * result; only the serving loop turns it into frames.
+ */
+typedef struct PrepJob
+{
+	struct PrepJob *next;		/* in the to-do or the done list */
+	struct PrepJob *next_live;	/* in the list of every job not yet handed back */
+	uint64		request_id;
+	int32		kind;
+	char	   *payload;
+	g4_request	req;
+	g4_message *msgs;
+	const char **stops;
+	g4_media   *media;			/* raw file bytes, in prompt order */
+	int			n_media;
+	g4_content_part *parts;		/* message parts (text and media) */
+	int			n_parts;
+	const char *prompt;
+	uint32		prompt_len;
+	int32_t    *ids;
+	int			n_ids;
+	volatile int cancel;		/* set by the loop, polled by the tokenizer */
+	/* result */
+	int			rc;
+	g4_err		err;
+	g4_prepared *prepared;		/* G4_KIND_CHAT, G4_KIND_TEXT */
+	int32_t    *tok;			/* G4_KIND_TOKENIZE */
+	int			n_tok;
+	char	   *text;			/* G4_KIND_DETOKENIZE */
+	size_t		text_len;
+} PrepJob;
+
+/* The preparation threads' queues; lock protects the lists and cancel flags. */
+typedef struct PrepPool
+{
+	pthread_mutex_t lock;
+	pthread_cond_t work;
+	PrepJob    *todo;
+	PrepJob    *todo_tail;
+	PrepJob    *done;
+	PrepJob    *live;
+	int			wake_fd;		/* eventfd: a job is done */
+} PrepPool;
+
 typedef struct EngineProc
 {
 	int			sock;
+	PrepPool	pool;
 	G4Buf		in;
 	G4Buf		out;
 	EngineApi	api;
@@ -113,9 +175,16 @@ static void load_engine(EngineProc *ep, const G4EngineConfig *cfg);
 static void serve(EngineProc *ep) pg_attribute_noreturn();
 static bool read_frames(EngineProc *ep, int timeout_ms);
 static void handle_submit(EngineProc *ep, const char *body, size_t len);
+static void start_preparation(EngineProc *ep);
+static void *prepare_jobs(void *arg);
+static void queue_prepared(EngineProc *ep);
+static bool map_add(EngineProc *ep, uint64 seq_id, uint64 request_id);
+static void job_free(EngineProc *ep, PrepJob *j);
 static void handle_cancel(EngineProc *ep, const char *body, size_t len);
 static void on_event(void *ctx, const g4_event *ev);
 static void send_error(EngineProc *ep, uint64 request_id, const g4_err *err);
+static bool send_reply(EngineProc *ep, uint32 type, uint64 request_id, const void *data, size_t len,
+					   size_t unit);
 static void send_finish(EngineProc *ep, uint64 request_id, int prompt_tokens, int completion_tokens);
 static void send_stats(EngineProc *ep);
 static void flush_out(EngineProc *ep);
@@ -137,6 +206,16 @@ g4_engine_proc_main(int sock, const G4EngineConfig *cfg)
 	sock = isolate_descriptors(sock);
 	if (sock < 0 || fcntl(sock, F_SETFL, O_NONBLOCK) != 0)
 		_exit(EXIT_SETUP);
+
+	/*
+	 * One large request must not keep this process large: blocks from 1 MB
+	 * up are mapped and unmapped on their own, and free memory at the top
+	 * of a heap (the preparation threads have their own) goes back beyond
+	 * 4 MB.  Fixed values also stop glibc from raising both thresholds
+	 * after each large free, which is what kept such memory before.
+	 */
+	(void) mallopt(M_MMAP_THRESHOLD, 1 << 20);
+	(void) mallopt(M_TRIM_THRESHOLD, 4 << 20);
 
 	memset(&ep, 0, sizeof(ep));
 	ep.sock = sock;
@@ -263,7 +342,9 @@ load_engine(EngineProc *ep, const G4EngineConfig *cfg)
 	RESOLVE(model_info_get, "g4_model_info_get");
 	RESOLVE(tokenize, "g4_tokenize");
 	RESOLVE(detokenize, "g4_detokenize");
-	RESOLVE(submit, "g4_submit");
+	RESOLVE(prepare, "g4_prepare");
+	RESOLVE(submit_prepared, "g4_submit_prepared");
+	RESOLVE(prepared_free, "g4_prepared_free");
 	RESOLVE(cancel, "g4_cancel");
 	RESOLVE(step, "g4_step");
 	RESOLVE(has_work, "g4_has_work");
@@ -303,11 +384,178 @@ load_engine(EngineProc *ep, const G4EngineConfig *cfg)
 	ready.n_layers = mi.n_layers;
 	ready.max_model_len = mi.max_model_len;
 	ready.n_params = mi.n_params;
+	start_preparation(ep);
 	if (!g4p_put_frame(&ep->out, G4F_READY, &ready, sizeof(ready), NULL, 0))
 		out_of_memory(ep);
 	send_stats(ep);
 	flush_out(ep);
 }
+
+/* The preparation threads and the eventfd that wakes the loop. */
+static void
+start_preparation(EngineProc *ep)
+{
+	PrepPool   *pool = &ep->pool;
+	pthread_t	th;
+	int			i;
+
+	pool->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (pool->wake_fd < 0 || pthread_mutex_init(&pool->lock, NULL) != 0 ||
+		pthread_cond_init(&pool->work, NULL) != 0)
+		fail_and_exit(ep, G4F_LOAD_FAILED, G4_ERR_NOMEM, "could not set up the preparation threads");
+	for (i = 0; i < PREP_THREADS; i++)
+	{
+		if (pthread_create(&th, NULL, prepare_jobs, ep) != 0)
+			fail_and_exit(ep, G4F_LOAD_FAILED, G4_ERR_NOMEM, "could not start a preparation thread");
+		pthread_detach(th);
+	}
+}
+
+/* A preparation thread: tokenise and format jobs until the process ends. */
+static void *
+prepare_jobs(void *arg)
+{
+	EngineProc *ep = arg;
+	PrepPool   *pool = &ep->pool;
+
+	for (;;)
+	{
+		PrepJob    *j;
+
+		pthread_mutex_lock(&pool->lock);
+		while (pool->todo == NULL)
+			pthread_cond_wait(&pool->work, &pool->lock);
+		j = pool->todo;
+		pool->todo = j->next;
+		if (pool->todo == NULL)
+			pool->todo_tail = NULL;
+		pthread_mutex_unlock(&pool->lock);
+
+		memset(&j->err, 0, sizeof(j->err));
+		switch (j->kind)
+		{
+			case G4_KIND_CHAT:
+			case G4_KIND_TEXT:
+				j->rc = ep->api.prepare(ep->e, &j->req, &j->cancel, &j->prepared, &j->err);
+				break;
+			case G4_KIND_TOKENIZE:
+				j->rc = ep->api.tokenize(ep->e, j->prompt ? j->prompt : "", j->prompt_len, 0,
+										 &j->tok, &j->n_tok, &j->err);
+				break;
+			case G4_KIND_DETOKENIZE:
+				j->rc = ep->api.detokenize(ep->e, j->ids, j->n_ids, &j->text, &j->text_len, &j->err);
+				break;
+		}
+
+		pthread_mutex_lock(&pool->lock);
+		j->next = pool->done;
+		pool->done = j;
+		pthread_mutex_unlock(&pool->lock);
+		/* fails only if the counter would overflow: the loop could not be woken */
+		if (eventfd_write(pool->wake_fd, 1) != 0)
+			_exit(EXIT_FATAL);
+	}
+	return NULL;
+}
+
+/*
+ * Serving loop: hand what the threads finished to the engine, or answer
+ * it.  Jobs cancelled meanwhile are dropped: the supervisor has let go of
+ * their requests.
+ */
+static void
+queue_prepared(EngineProc *ep)
+{
+	PrepPool   *pool = &ep->pool;
+	PrepJob    *done;
+	eventfd_t	n;
+
+	if (eventfd_read(pool->wake_fd, &n) != 0)
+		return;					/* nothing finished since the last call */
+	pthread_mutex_lock(&pool->lock);
+	done = pool->done;
+	pool->done = NULL;
+	pthread_mutex_unlock(&pool->lock);
+
+	/* the list is newest first: queue in the order they were finished */
+	{
+		PrepJob    *oldest = NULL;
+
+		while (done)
+		{
+			PrepJob    *j = done;
+
+			done = j->next;
+			j->next = oldest;
+			oldest = j;
+		}
+		done = oldest;
+	}
+	while (done)
+	{
+		PrepJob    *j = done;
+		uint64_t	seq_id;
+
+		done = j->next;
+		if (j->cancel)
+		{
+			job_free(ep, j);
+			continue;
+		}
+		if (j->rc != G4_OK)
+			send_error(ep, j->request_id, &j->err);
+		else if (j->kind == G4_KIND_CHAT || j->kind == G4_KIND_TEXT)
+		{
+			g4_prepared *p = j->prepared;
+
+			j->prepared = NULL;	/* submit_prepared takes it in any case */
+			if (ep->api.submit_prepared(ep->e, p, &seq_id, &j->err) != G4_OK)
+				send_error(ep, j->request_id, &j->err);
+			else if (!map_add(ep, seq_id, j->request_id))
+				out_of_memory(ep);
+		}
+		else if (j->kind == G4_KIND_TOKENIZE)
+		{
+			if (send_reply(ep, G4F_IDS, j->request_id, j->tok, (size_t) j->n_tok * sizeof(int32_t),
+						   sizeof(int32_t)))
+				send_finish(ep, j->request_id, j->n_tok, 0);
+		}
+		else if (send_reply(ep, G4F_TEXT, j->request_id, j->text, j->text_len, 1))
+			send_finish(ep, j->request_id, j->n_ids, 0);
+		ep->stats_dirty = true;
+		job_free(ep, j);
+	}
+}
+
+/* Forget a job the threads handed back (serving loop). */
+static void
+job_free(EngineProc *ep, PrepJob *j)
+{
+	PrepJob   **pp;
+
+	pthread_mutex_lock(&ep->pool.lock);
+	for (pp = &ep->pool.live; *pp; pp = &(*pp)->next_live)
+	{
+		if (*pp == j)
+		{
+			*pp = j->next_live;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ep->pool.lock);
+	if (j->prepared)
+		ep->api.prepared_free(j->prepared);
+	free(j->tok);
+	free(j->text);
+	free(j->ids);
+	free(j->msgs);
+	free(j->stops);
+	free(j->media);
+	free(j->parts);
+	free(j->payload);
+	free(j);
+}
+
 
 /* The serving loop; returns never. */
 static void
@@ -317,13 +565,23 @@ serve(EngineProc *ep)
 	{
 		bool		busy = ep->api.has_work(ep->e) != 0;
 
-		/* idle: sleep until the supervisor writes; busy: just drain */
-		if (!read_frames(ep, busy ? 0 : -1))
+		/* only this thread adds and removes jobs: no lock needed to look */
+		bool		preparing = ep->pool.live != NULL;
+
+		/*
+		 * idle: sleep until the supervisor writes; busy: just drain;
+		 * preparing: statistics keep going out, the supervisor's watchdog
+		 * sees the process is alive while a long prompt is tokenised
+		 */
+		if (preparing)
+			ep->stats_dirty = true;
+		if (!read_frames(ep, busy ? 0 : preparing ? (int) (STATS_INTERVAL * 1000) : -1))
 		{
 			/* the supervisor closed the socket: stop */
 			ep->api.close(ep->e);
 			_exit(0);
 		}
+		queue_prepared(ep);
 		if (ep->api.has_work(ep->e))
 		{
 			g4_err		err;
@@ -342,7 +600,7 @@ serve(EngineProc *ep)
 				fail_and_exit(ep, G4F_FATAL, rc, err.msg);
 		}
 		if (ep->stats_dirty &&
-			(!ep->api.has_work(ep->e) || now_seconds() - ep->stats_at >= STATS_INTERVAL))
+			((!ep->api.has_work(ep->e) && !preparing) || now_seconds() - ep->stats_at >= STATS_INTERVAL))
 			send_stats(ep);
 		flush_out(ep);
 	}
@@ -355,12 +613,16 @@ serve(EngineProc *ep)
 static bool
 read_frames(EngineProc *ep, int timeout_ms)
 {
-	struct pollfd pfd;
+	struct pollfd pfd[2];
 
-	pfd.fd = ep->sock;
-	pfd.events = POLLIN;
-	pfd.revents = 0;
-	if (poll(&pfd, 1, timeout_ms) < 0 && errno != EINTR)
+	/* the socket, and the preparation threads' wake-up */
+	pfd[0].fd = ep->sock;
+	pfd[0].events = POLLIN;
+	pfd[0].revents = 0;
+	pfd[1].fd = ep->pool.wake_fd;
+	pfd[1].events = POLLIN;
+	pfd[1].revents = 0;
+	if (poll(pfd, 2, timeout_ms) < 0 && errno != EINTR)
 		_exit(EXIT_SOCKET);
 	for (;;)
 	{
@@ -432,56 +694,61 @@ map_remove(EngineProc *ep, int i)
 }
 
 /*
- * A request from the supervisor.  Generation requests are queued in the
- * engine (the next step admits them); tokenizer requests are answered now.
+ * A request from the supervisor: copied into a job for the preparation
+ * threads (the frame's bytes are only valid until the next read).
  */
 static void
 handle_submit(EngineProc *ep, const char *body, size_t len)
 {
 	G4WireRequest wr;
+	PrepJob    *j;
 	const char *pos;
 	const char *end;
 	int32		tag;
 	const char *data;
 	uint32		dlen;
 	int			n_items = 0;
-	g4_message *msgs = NULL;
-	const char **stops = NULL;
 	int			n_msgs = 0;
 	int			n_stops = 0;
-	const char *prompt = NULL;
-	uint32		prompt_len = 0;
-	int32_t    *ids = NULL;
-	int			n_ids = 0;
-	g4_media   *media = NULL;
-	int			n_media = 0;
-	g4_content_part *parts = NULL;
-	int			n_parts = 0;
-	g4_err		err;
 
 	if (len < sizeof(wr))
 		_exit(EXIT_PROTOCOL);
 	memcpy(&wr, body, sizeof(wr));
 	if (len - sizeof(wr) != wr.items_len)
 		_exit(EXIT_PROTOCOL);
-	memset(&err, 0, sizeof(err));
+	if (wr.kind < G4_KIND_CHAT || wr.kind > G4_KIND_DETOKENIZE)
+	{
+		g4_err		bad;
 
-	/* count, then collect the items (pointers into the frame body) */
-	end = body + len;
-	pos = body + sizeof(wr);
+		bad.code = G4_ERR_INVALID;
+		snprintf(bad.msg, sizeof(bad.msg), "unknown request kind %d", wr.kind);
+		send_error(ep, wr.request_id, &bad);
+		return;
+	}
+
+	j = calloc(1, sizeof(PrepJob));
+	if (j == NULL || (j->payload = malloc(wr.items_len + 1)) == NULL)
+		out_of_memory(ep);
+	memcpy(j->payload, body + sizeof(wr), wr.items_len);
+	j->request_id = wr.request_id;
+	j->kind = wr.kind;
+
+	/* count, then collect the items (pointers into the copy) */
+	end = j->payload + wr.items_len;
+	pos = j->payload;
 	while (pos < end)
 	{
 		if (!g4p_item_next(&pos, end, &tag, &data, &dlen))
 			_exit(EXIT_PROTOCOL);
 		n_items++;
 	}
-	msgs = calloc((size_t) n_items + 1, sizeof(g4_message));
-	stops = calloc((size_t) n_items + 1, sizeof(char *));
-	media = calloc((size_t) n_items + 1, sizeof(g4_media));
-	parts = calloc((size_t) n_items + 1, sizeof(g4_content_part));
-	if (msgs == NULL || stops == NULL || media == NULL || parts == NULL)
+	j->msgs = calloc((size_t) n_items + 1, sizeof(g4_message));
+	j->stops = calloc((size_t) n_items + 1, sizeof(char *));
+	j->media = calloc((size_t) n_items + 1, sizeof(g4_media));
+	j->parts = calloc((size_t) n_items + 1, sizeof(g4_content_part));
+	if (j->msgs == NULL || j->stops == NULL || j->media == NULL || j->parts == NULL)
 		out_of_memory(ep);
-	pos = body + sizeof(wr);
+	pos = j->payload;
 	while (pos < end && g4p_item_next(&pos, end, &tag, &data, &dlen))
 	{
 		switch (tag)
@@ -489,23 +756,23 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 			case G4_ITEM_SYSTEM:
 			case G4_ITEM_USER:
 			case G4_ITEM_MODEL:
-				msgs[n_msgs].role = tag;
-				msgs[n_msgs].content = data;
+				j->msgs[n_msgs].role = tag;
+				j->msgs[n_msgs].content = data;
 				n_msgs++;
 				break;
 			case G4_ITEM_PROMPT:
-				prompt = data;
-				prompt_len = dlen;
+				j->prompt = data;
+				j->prompt_len = dlen;
 				break;
 			case G4_ITEM_STOP:
-				stops[n_stops++] = data;
+				j->stops[n_stops++] = data;
 				break;
 			case G4_ITEM_IMAGE:
 			case G4_ITEM_AUDIO:
-				media[n_media].kind = tag == G4_ITEM_IMAGE ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO;
-				media[n_media].data = (const uint8_t *) data;
-				media[n_media].len = dlen;
-				n_media++;
+				j->media[j->n_media].kind = tag == G4_ITEM_IMAGE ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO;
+				j->media[j->n_media].data = (const uint8_t *) data;
+				j->media[j->n_media].len = dlen;
+				j->n_media++;
 				break;
 			case G4_ITEM_PART_TEXT:
 			case G4_ITEM_PART_IMAGE:
@@ -513,129 +780,81 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 				/* parts of a message follow it, so they are contiguous */
 				if (n_msgs == 0)
 					_exit(EXIT_PROTOCOL);
-				if (msgs[n_msgs - 1].parts == NULL)
-					msgs[n_msgs - 1].parts = &parts[n_parts];
-				msgs[n_msgs - 1].n_parts++;
+				if (j->msgs[n_msgs - 1].parts == NULL)
+					j->msgs[n_msgs - 1].parts = &j->parts[j->n_parts];
+				j->msgs[n_msgs - 1].n_parts++;
 				if (tag == G4_ITEM_PART_TEXT)
 				{
-					parts[n_parts].kind = G4_PART_TEXT;
-					parts[n_parts].text = data;
+					j->parts[j->n_parts].kind = G4_PART_TEXT;
+					j->parts[j->n_parts].text = data;
 				}
 				else
 				{
-					parts[n_parts].kind = tag == G4_ITEM_PART_IMAGE ? G4_PART_IMAGE : G4_PART_AUDIO;
-					media[n_media].kind = tag == G4_ITEM_PART_IMAGE ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO;
-					media[n_media].data = (const uint8_t *) data;
-					media[n_media].len = dlen;
-					n_media++;
+					j->parts[j->n_parts].kind = tag == G4_ITEM_PART_IMAGE ? G4_PART_IMAGE : G4_PART_AUDIO;
+					j->media[j->n_media].kind = tag == G4_ITEM_PART_IMAGE ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO;
+					j->media[j->n_media].data = (const uint8_t *) data;
+					j->media[j->n_media].len = dlen;
+					j->n_media++;
 				}
-				n_parts++;
+				j->n_parts++;
 				break;
 			case G4_ITEM_IDS:
 				/* the bytes may be unaligned: copy them */
-				free(ids);
-				n_ids = (int) (dlen / sizeof(int32_t));
-				ids = malloc((size_t) n_ids * sizeof(int32_t) + 1);
-				if (ids == NULL)
+				free(j->ids);
+				j->n_ids = (int) (dlen / sizeof(int32_t));
+				j->ids = malloc((size_t) j->n_ids * sizeof(int32_t) + 1);
+				if (j->ids == NULL)
 					out_of_memory(ep);
-				memcpy(ids, data, (size_t) n_ids * sizeof(int32_t));
+				memcpy(j->ids, data, (size_t) j->n_ids * sizeof(int32_t));
 				break;
 			default:
 				_exit(EXIT_PROTOCOL);
 		}
 	}
 
-	switch (wr.kind)
+	if (wr.kind == G4_KIND_CHAT || wr.kind == G4_KIND_TEXT)
 	{
-		case G4_KIND_CHAT:
-		case G4_KIND_TEXT:
-			{
-				g4_request req;
-				uint64_t	seq_id;
+		g4_request *req = &j->req;
 
-				memset(&req, 0, sizeof(req));
-				ep->api.sampling_default(&req.sampling);
-				req.input_kind = wr.kind == G4_KIND_CHAT ? G4_INPUT_CHAT : G4_INPUT_TEXT;
-				req.prompt = prompt;
-				req.messages = msgs;
-				req.n_messages = n_msgs;
-				req.enable_thinking = wr.thinking;
-				req.max_tokens = wr.max_tokens;
-				req.sampling.temperature = wr.temperature;
-				req.sampling.top_p = wr.top_p;
-				req.sampling.top_k = wr.top_k;
-				req.sampling.min_p = wr.min_p;
-				req.sampling.repetition_penalty = wr.repetition_penalty;
-				req.sampling.presence_penalty = wr.presence_penalty;
-				req.sampling.frequency_penalty = wr.frequency_penalty;
-				req.sampling.seed = wr.seed;
-				req.sampling.has_seed = wr.has_seed;
-				req.stop = n_stops > 0 ? stops : NULL;
-				req.n_stop = n_stops;
-				req.user_tag = wr.request_id;
-				req.media = n_media > 0 ? media : NULL;
-				req.n_media = n_media;
-				req.max_soft_tokens = wr.max_soft_tokens;
-				req.max_image_pixels = wr.max_image_pixels;
-				req.max_audio_seconds = wr.max_audio_seconds;
-				req.disable_speculative = wr.disable_speculative;
-				if (ep->api.submit(ep->e, &req, &seq_id, &err) != G4_OK)
-					send_error(ep, wr.request_id, &err);
-				else if (!map_add(ep, seq_id, wr.request_id))
-					out_of_memory(ep);
-				ep->stats_dirty = true;
-				break;
-			}
-		case G4_KIND_TOKENIZE:
-			{
-				int32_t    *tok = NULL;
-				int			n_tok = 0;
-				uint64		id = wr.request_id;
-
-				if (ep->api.tokenize(ep->e, prompt ? prompt : "", prompt_len, 0, &tok, &n_tok, &err) != G4_OK)
-					send_error(ep, id, &err);
-				else
-				{
-					if (!g4p_put_frame(&ep->out, G4F_IDS, &id, sizeof(id), tok, (size_t) n_tok * sizeof(int32_t)))
-						out_of_memory(ep);
-					send_finish(ep, id, n_tok, 0);
-				}
-				free(tok);
-				break;
-			}
-		case G4_KIND_DETOKENIZE:
-			{
-				char	   *text = NULL;
-				size_t		text_len = 0;
-				G4WireText t;
-
-				if (ep->api.detokenize(ep->e, ids, n_ids, &text, &text_len, &err) != G4_OK)
-					send_error(ep, wr.request_id, &err);
-				else
-				{
-					t.request_id = wr.request_id;
-					t.channel = G4_CHANNEL_CONTENT;
-					if (!g4p_put_frame(&ep->out, G4F_TEXT, &t, sizeof(t), text, text_len))
-						out_of_memory(ep);
-					send_finish(ep, wr.request_id, n_ids, 0);
-				}
-				free(text);
-				break;
-			}
-		default:
-			{
-				g4_err		bad;
-
-				bad.code = G4_ERR_INVALID;
-				snprintf(bad.msg, sizeof(bad.msg), "unknown request kind %d", wr.kind);
-				send_error(ep, wr.request_id, &bad);
-			}
+		ep->api.sampling_default(&req->sampling);
+		req->input_kind = wr.kind == G4_KIND_CHAT ? G4_INPUT_CHAT : G4_INPUT_TEXT;
+		req->prompt = j->prompt;
+		req->messages = j->msgs;
+		req->n_messages = n_msgs;
+		req->enable_thinking = wr.thinking;
+		req->max_tokens = wr.max_tokens;
+		req->sampling.temperature = wr.temperature;
+		req->sampling.top_p = wr.top_p;
+		req->sampling.top_k = wr.top_k;
+		req->sampling.min_p = wr.min_p;
+		req->sampling.repetition_penalty = wr.repetition_penalty;
+		req->sampling.presence_penalty = wr.presence_penalty;
+		req->sampling.frequency_penalty = wr.frequency_penalty;
+		req->sampling.seed = wr.seed;
+		req->sampling.has_seed = wr.has_seed;
+		req->stop = n_stops > 0 ? j->stops : NULL;
+		req->n_stop = n_stops;
+		req->user_tag = wr.request_id;
+		req->allow_control_tokens = wr.allow_control_tokens;
+		req->media = j->n_media > 0 ? j->media : NULL;
+		req->n_media = j->n_media;
+		req->max_soft_tokens = wr.max_soft_tokens;
+		req->max_image_pixels = wr.max_image_pixels;
+		req->max_audio_seconds = wr.max_audio_seconds;
+		req->disable_speculative = wr.disable_speculative;
 	}
-	free(ids);
-	free(msgs);
-	free(stops);
-	free(media);
-	free(parts);
+
+	/* in arrival order to the threads */
+	pthread_mutex_lock(&ep->pool.lock);
+	j->next_live = ep->pool.live;
+	ep->pool.live = j;
+	if (ep->pool.todo_tail)
+		ep->pool.todo_tail->next = j;
+	else
+		ep->pool.todo = j;
+	ep->pool.todo_tail = j;
+	pthread_cond_signal(&ep->pool.work);
+	pthread_mutex_unlock(&ep->pool.lock);
 }
 
 /* Cancel a request's sequence; its KV blocks are free when this returns. */
@@ -643,11 +862,20 @@ static void
 handle_cancel(EngineProc *ep, const char *body, size_t len)
 {
 	uint64		request_id;
+	PrepJob    *j;
 	int			i;
 
 	if (len != sizeof(request_id))
 		_exit(EXIT_PROTOCOL);
 	memcpy(&request_id, body, sizeof(request_id));
+
+	/* still being prepared: stop its tokenisation, drop it when it is back */
+	pthread_mutex_lock(&ep->pool.lock);
+	for (j = ep->pool.live; j; j = j->next_live)
+		if (j->request_id == request_id)
+			j->cancel = 1;
+	pthread_mutex_unlock(&ep->pool.lock);
+
 	for (i = 0; i < ep->n_map; i++)
 	{
 		if (ep->map[i].request_id == request_id)
@@ -720,6 +948,55 @@ send_error(EngineProc *ep, uint64 request_id, const g4_err *err)
 	copy_str(e.msg, sizeof(e.msg), err->msg);
 	if (!g4p_put_frame(&ep->out, G4F_ERROR, &e, sizeof(e), NULL, 0))
 		out_of_memory(ep);
+}
+
+/*
+ * A tokenizer reply (G4F_IDS or G4F_TEXT content) in frames of at most
+ * REPLY_CHUNK bytes, cut at multiples of unit: no frame approaches the frame
+ * limit, and the supervisor relays the pieces one by one.  A reply larger
+ * than G4_MAX_REPLY is an error of this request only.  False when the
+ * request was failed instead.
+ */
+static bool
+send_reply(EngineProc *ep, uint32 type, uint64 request_id, const void *data, size_t len,
+		   size_t unit)
+{
+	const size_t chunk = REPLY_CHUNK - REPLY_CHUNK % unit;
+	size_t		off = 0;
+
+	if (len > G4_MAX_REPLY)
+	{
+		g4_err		err;
+
+		err.code = G4_ERR_TOO_LONG;
+		snprintf(err.msg, sizeof(err.msg),
+				 "the reply would take %zu bytes, more than the limit of %zu bytes; pass a shorter input",
+				 len, (size_t) G4_MAX_REPLY);
+		send_error(ep, request_id, &err);
+		return false;
+	}
+	do
+	{
+		size_t		n = len - off < chunk ? len - off : chunk;
+		bool		ok;
+
+		if (type == G4F_TEXT)
+		{
+			G4WireText t;
+
+			t.request_id = request_id;
+			t.channel = G4_CHANNEL_CONTENT;
+			ok = g4p_put_frame(&ep->out, type, &t, sizeof(t), (const char *) data + off, n);
+		}
+		else
+			ok = g4p_put_frame(&ep->out, type, &request_id, sizeof(request_id), (const char *) data + off, n);
+		if (!ok)
+			out_of_memory(ep);
+		off += n;
+		/* hand each piece over now: the buffer stays one chunk large */
+		flush_out(ep);
+	} while (off < len);
+	return true;
 }
 
 static void

@@ -35,6 +35,7 @@
 #include "datatype/timestamp.h"
 #include "lib/stringinfo.h"
 #include "port/atomics.h"
+#include "storage/condition_variable.h"
 #include "storage/dsm.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
@@ -65,6 +66,28 @@ extern bool g4_enable_prefix_caching;
 extern int	g4_max_soft_tokens;
 extern int	g4_max_image_pixels;
 extern double g4_max_audio_seconds;
+
+/* ---- input limits: what one call may ask of the shared engine ----------- */
+
+extern int	g4_max_prompt_bytes;	/* gemma4.max_prompt_bytes, 0 = from the window */
+
+/* Bytes of prompt text per token of the window when max_prompt_bytes is 0. */
+#define G4_PROMPT_BYTES_PER_TOKEN	16
+/* Stop strings of one request, and bytes (UTF-8) of each. */
+#define G4_MAX_STOP_STRINGS		16
+#define G4_MAX_STOP_BYTES		1024
+/* Largest tokenizer reply (ids or text) the engine process sends. */
+#define G4_MAX_REPLY			((size_t) 256 << 20)
+
+extern int	g4_max_requests_per_role;	/* 0 = half of gemma4.max_requests */
+extern int	g4_max_tokens_limit;	/* 0 = no limit but the window */
+extern int	g4_max_queued_requests;
+extern int	g4_queue_timeout;	/* ms a request may wait for a slot */
+extern int	g4_engine_stall_timeout;	/* ms without engine progress, 0 = no watchdog */
+
+extern int64 g4_prompt_bytes_limit(int window);
+extern void g4_slot_freed(void);
+extern void g4_check_prompt_bytes(int64 bytes, int64 limit, const char *what);
 
 /* ---- request kinds and wire structures ---------------------------------- */
 
@@ -115,6 +138,8 @@ typedef struct G4WireRequest
 	double		max_audio_seconds;
 	/* mtp */
 	int32		disable_speculative;	/* 1: no drafting for this request */
+	/* special-token text in the content is parsed as control tokens */
+	int32		allow_control_tokens;
 } G4WireRequest;
 
 #define G4_MSG_LEN 1024
@@ -262,8 +287,12 @@ typedef struct G4Buf
 	size_t		cap;
 } G4Buf;
 
+/* Capacity an empty buffer keeps; a larger one is freed when it empties. */
+#define G4_BUF_KEEP		((size_t) 4 << 20)
+
 extern void g4buf_consume(G4Buf *b, size_t n);
 extern void g4buf_free(G4Buf *b);
+extern void g4buf_shrink(G4Buf *b);
 #define g4buf_pending(b) ((b)->len - (b)->off)
 
 extern bool g4p_put_frame(G4Buf *out, uint32 type, const void *head, size_t head_len,
@@ -286,7 +315,8 @@ typedef enum G4WorkerState
 	G4W_READY,
 	G4W_FAILED,					/* the model could not be loaded */
 	G4W_RESTARTING,				/* engine died; waiting to restart it */
-	G4W_STOPPED					/* supervisor not running */
+	G4W_STOPPED,				/* supervisor not running */
+	G4W_STALLED					/* safety: no engine progress with work queued; being killed */
 } G4WorkerState;
 
 typedef enum G4SlotState
@@ -304,10 +334,21 @@ typedef struct G4Slot
 	bool		finished;		/* the engine is done, replies still queued */
 	int32		kind;
 	int			pid;			/* the backend */
+	Oid			role;			/* safety: the role that submitted it */
 	uint64		request_id;
 	dsm_handle	handle;
 	TimestampTz submitted_at;
 } G4Slot;
+
+/* A backend waiting for a request slot (safety). */
+typedef struct G4Waiter
+{
+	Oid			role;
+	uint64		ticket;			/* arrival order */
+} G4Waiter;
+
+/* Most requests that may wait for a slot at once. */
+#define G4_MAX_WAITING	256
 
 #define G4_REASON_LEN 1024
 #define G4_HINT_LEN 512
@@ -343,6 +384,12 @@ typedef struct G4Shared
 	/* live sequences of the latest snapshot */
 	int			n_seqs;
 	G4WireSeq  *seqs;			/* max_requests entries, after the slots */
+
+	/* safety: requests waiting for a slot (queue.c) */
+	ConditionVariable slot_freed;	/* broadcast whenever a slot is freed */
+	uint64		next_ticket;
+	int			n_waiting;
+	G4Waiter	waiting[G4_MAX_WAITING];
 
 	int			n_slots;
 	G4Slot		slots[FLEXIBLE_ARRAY_MEMBER];

@@ -57,6 +57,8 @@ typedef struct G4Build
 {
 	G4WireRequest req;
 	bool		has_max_tokens;
+	int			n_stop;
+	int64		prompt_bytes;	/* UTF-8 bytes of the prompt or messages */
 	StringInfoData items;
 } G4Build;
 
@@ -71,13 +73,19 @@ typedef struct G4ArgPos
 	int			stop;
 } G4ArgPos;
 
-/* gemma_generate(prompt, images, audio, max_tokens, temperature, top_p, top_k, seed, stop, system,
- * max_soft_tokens) */
+/*
+ * gemma_generate(prompt, images, audio, max_tokens, temperature, top_p, top_k, seed, stop, system, ...);
+ * the trailing per-call options (max_soft_tokens, speculative,
+ * allow_control_tokens) are found by name (named_arg).
+ */
 static const G4ArgPos generate_args = {3, 4, 5, 6, 7, 8};
 
-/* gemma_complete(prompt, max_tokens, temperature, top_p, top_k, seed, stop),
- * and the batch functions' shared arguments after prompts[] */
+/* gemma_complete(prompt, max_tokens, temperature, top_p, top_k, seed, stop, ...) */
 static const G4ArgPos complete_args = {1, 2, 3, 4, 5, 6};
+
+/* the batch functions: prompts[], then gemma_complete's arguments
+ * (gemma_generate_batch: then system, images[], audio[], ...) */
+static const G4ArgPos batch_args = {1, 2, 3, 4, 5, 6};
 
 static void build_init(G4Build *b, G4RequestKind kind);
 static void set_max_soft_tokens(G4Build *b, int64 v);
@@ -166,10 +174,28 @@ add_media_array(G4Build *b, ArrayType *arr, int32 tag, const char *what)
 	}
 }
 
-/* Check max_tokens against the context window of the loaded model. */
+/* Check the prompt size and max_tokens against the loaded model's window. */
 static void
 build_finish(G4Build *b, int window)
 {
+	g4_check_prompt_bytes(b->prompt_bytes, g4_prompt_bytes_limit(window), "the prompt");
+	if (g4_max_tokens_limit > 0)
+	{
+		int			asked = b->has_max_tokens ? b->req.max_tokens : g4_default_max_tokens;
+
+		if (asked > g4_max_tokens_limit)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("max_tokens (%d) exceeds gemma4.max_tokens_limit (%d)", asked, g4_max_tokens_limit),
+					 errhint(b->has_max_tokens ? "Pass a smaller max_tokens." :
+							 "Pass max_tokens, or lower gemma4.default_max_tokens.")));
+		/* "up to the window" is up to the limit */
+		if (asked == 0)
+		{
+			b->req.max_tokens = Min(g4_max_tokens_limit, window - 1);
+			b->has_max_tokens = true;
+		}
+	}
 	if (!b->has_max_tokens)
 	{
 		if (g4_default_max_tokens >= window)
@@ -209,8 +235,11 @@ static void
 add_text_item(G4Build *b, int32 tag, const char *str)
 {
 	char	   *utf8 = pg_server_to_any(str, strlen(str), PG_UTF8);
+	Size		len = strlen(utf8);
 
-	add_item(b, tag, utf8, strlen(utf8));
+	if (tag != G4_ITEM_STOP)
+		b->prompt_bytes += (int64) len;
+	add_item(b, tag, utf8, len);
 }
 
 static void
@@ -239,7 +268,8 @@ set_temperature(G4Build *b, double v)
 static void
 set_top_p(G4Build *b, double v)
 {
-	if (!(v > 0.0 && v <= 1.0))
+	/* the engine works in single precision: what rounds to 0 is 0 */
+	if (!(v > 0.0 && v <= 1.0 && (float) v > 0.0f))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("top_p must be greater than 0 and at most 1"),
@@ -266,17 +296,55 @@ set_seed(G4Build *b, int64 v)
 	b->req.has_seed = 1;
 }
 
+/* Too many stop strings: refused before any is converted. */
+static void
+check_stop_count(int n)
+{
+	if (n > G4_MAX_STOP_STRINGS)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("too many stop strings: %d, the limit is %d", n, G4_MAX_STOP_STRINGS)));
+}
+
 static void
 add_stop(G4Build *b, const char *s)
 {
+	size_t		len = strlen(s);
+
 	if (s[0] == '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("stop strings must not be empty")));
-	add_text_item(b, G4_ITEM_STOP, s);
+	check_stop_count(++b->n_stop);
+	/* checked before and after conversion: no encoding expands a huge string */
+	if (len <= G4_MAX_STOP_BYTES)
+	{
+		char	   *utf8 = pg_server_to_any(s, len, PG_UTF8);
+
+		len = strlen(utf8);
+		if (len <= G4_MAX_STOP_BYTES)
+		{
+			add_item(b, G4_ITEM_STOP, utf8, len);
+			return;
+		}
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+			 errmsg("a stop string is too long: %zu bytes, the limit is %d", len, G4_MAX_STOP_BYTES)));
 }
 
-/* ---- mtp: the per-call speculative switch ---- */
+/* A text[] argument that must be one-dimensional: its elements. */
+static void
+vector_arg(ArrayType *arr, const char *what, Datum **elems, bool **nulls, int *n)
+{
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s must be a one-dimensional array", what)));
+	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, elems, nulls, n);
+}
+
+/* ---- per-call options found by name ---- */
 
 /*
  * Position of the called function's argument named `name`, or -1.  The
@@ -314,10 +382,22 @@ speculative_from_call(G4Build *b, FunctionCallInfo fcinfo)
 		b->req.disable_speculative = PG_GETARG_BOOL(pos) ? 0 : 1;
 }
 
+/* max_soft_tokens => N overrides gemma4.max_soft_tokens for this call. */
+static void
+max_soft_tokens_from_call(G4Build *b, FunctionCallInfo fcinfo)
+{
+	int			pos = named_arg(fcinfo, "max_soft_tokens");
+
+	if (pos >= 0 && !PG_ARGISNULL(pos))
+		set_max_soft_tokens(b, PG_GETARG_INT32(pos));
+}
+
 /* The sampling arguments gemma_generate and gemma_complete share. */
 static void
 args_from_call(G4Build *b, FunctionCallInfo fcinfo, const G4ArgPos *pos)
 {
+	int			ac;
+
 	if (!PG_ARGISNULL(pos->max_tokens))
 		set_max_tokens(b, PG_GETARG_INT32(pos->max_tokens));
 	if (!PG_ARGISNULL(pos->temperature))
@@ -331,13 +411,13 @@ args_from_call(G4Build *b, FunctionCallInfo fcinfo, const G4ArgPos *pos)
 	speculative_from_call(b, fcinfo);
 	if (!PG_ARGISNULL(pos->stop))
 	{
-		ArrayType  *arr = PG_GETARG_ARRAYTYPE_P(pos->stop);
 		Datum	   *elems;
 		bool	   *nulls;
 		int			n;
 		int			i;
 
-		deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
+		vector_arg(PG_GETARG_ARRAYTYPE_P(pos->stop), "stop", &elems, &nulls, &n);
+		check_stop_count(n);
 		for (i = 0; i < n; i++)
 		{
 			if (nulls[i])
@@ -347,6 +427,9 @@ args_from_call(G4Build *b, FunctionCallInfo fcinfo, const G4ArgPos *pos)
 			add_stop(b, TextDatumGetCString(elems[i]));
 		}
 	}
+	ac = named_arg(fcinfo, "allow_control_tokens");
+	if (ac >= 0 && !PG_ARGISNULL(ac))
+		b->req.allow_control_tokens = PG_GETARG_BOOL(ac) ? 1 : 0;
 }
 
 /* The prompt argument: not null, not empty. */
@@ -386,8 +469,7 @@ build_generate(G4Build *b, FunctionCallInfo fcinfo, int *window)
 		add_media_array(b, PG_GETARG_ARRAYTYPE_P(1), G4_ITEM_IMAGE, "images");
 	if (!PG_ARGISNULL(2))
 		add_media_array(b, PG_GETARG_ARRAYTYPE_P(2), G4_ITEM_AUDIO, "audio");
-	if (PG_NARGS() > 10 && !PG_ARGISNULL(10))
-		set_max_soft_tokens(b, PG_GETARG_INT32(10));
+	max_soft_tokens_from_call(b, fcinfo);
 	if (!PG_ARGISNULL(9))
 	{
 		char	   *system = text_to_cstring(PG_GETARG_TEXT_PP(9));
@@ -546,7 +628,7 @@ media_arg(FunctionCallInfo fcinfo, int argno, int n, Oid type, Datum **elems, bo
 	ArrayType  *arr;
 	int			m;
 
-	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+	if (argno < 0 || PG_ARGISNULL(argno))
 		return;
 	arr = PG_GETARG_ARRAYTYPE_P(argno);
 	if (ARR_NDIM(arr) > 1)
@@ -571,7 +653,6 @@ media_arg(FunctionCallInfo fcinfo, int argno, int n, Oid type, Datum **elems, bo
 static Datum
 batch_rows(FunctionCallInfo fcinfo, bool chat)
 {
-	ArrayType  *prompts;
 	Datum	   *elems;
 	bool	   *nulls;
 	int			n;
@@ -594,12 +675,7 @@ batch_rows(FunctionCallInfo fcinfo, bool chat)
 	g4_require_shared();
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();
-	prompts = PG_GETARG_ARRAYTYPE_P(0);
-	if (ARR_NDIM(prompts) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("prompts must be a one-dimensional array")));
-	deconstruct_array(prompts, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
+	vector_arg(PG_GETARG_ARRAYTYPE_P(0), "prompts", &elems, &nulls, &n);
 	if (chat && !PG_ARGISNULL(7))
 	{
 		system = text_to_cstring(PG_GETARG_TEXT_PP(7));
@@ -617,8 +693,8 @@ batch_rows(FunctionCallInfo fcinfo, bool chat)
 	if (chat)
 	{
 		/* one image and one audio clip per prompt (NULL: none), aligned */
-		media_arg(fcinfo, 8, n, BYTEAOID, &images, &image_nulls, "images");
-		media_arg(fcinfo, 9, n, BYTEAOID, &audio, &audio_nulls, "audio");
+		media_arg(fcinfo, named_arg(fcinfo, "images"), n, BYTEAOID, &images, &image_nulls, "images");
+		media_arg(fcinfo, named_arg(fcinfo, "audio"), n, BYTEAOID, &audio, &audio_nulls, "audio");
 	}
 	window = g4_require_ready();
 	out = palloc0(sizeof(Datum) * Max(n, 1));
@@ -651,10 +727,9 @@ batch_rows(FunctionCallInfo fcinfo, bool chat)
 				add_media(&b, DatumGetByteaPP(images[i]), G4_ITEM_IMAGE);
 			if (audio && !audio_nulls[i])
 				add_media(&b, DatumGetByteaPP(audio[i]), G4_ITEM_AUDIO);
-			if (chat && !PG_ARGISNULL(10))
-				set_max_soft_tokens(&b, PG_GETARG_INT32(10));
+			max_soft_tokens_from_call(&b, fcinfo);
 			add_text_item(&b, chat ? G4_ITEM_USER : G4_ITEM_PROMPT, TextDatumGetCString(elems[i]));
-			args_from_call(&b, fcinfo, &complete_args);
+			args_from_call(&b, fcinfo, &batch_args);
 			build_finish(&b, window);
 			reqs[i] = g4_request_start(&b.req, b.items.data, b.items.len);
 			in_flight++;
@@ -983,7 +1058,7 @@ parse_options(G4Build *b, Jsonb *options)
 		{
 			double		d = json_number(&v, key);
 
-			if (!(d > 0.0 && d <= FLT_MAX))
+			if (!(d > 0.0 && d <= FLT_MAX && (float) d > 0.0f))
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("option \"repetition_penalty\" must be greater than zero"),
@@ -1009,6 +1084,14 @@ parse_options(G4Build *b, Jsonb *options)
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("option \"thinking\" must be a boolean")));
 			b->req.thinking = v.val.boolean ? 1 : 0;
+		}
+		else if (strcmp(key, "allow_control_tokens") == 0)
+		{
+			if (v.type != jbvBool)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("option \"allow_control_tokens\" must be a boolean")));
+			b->req.allow_control_tokens = v.val.boolean ? 1 : 0;
 		}
 		else if (strcmp(key, "stop") == 0)
 		{
@@ -1039,7 +1122,7 @@ parse_options(G4Build *b, Jsonb *options)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("unrecognized gemma_chat option \"%s\"", key),
-					 errhint("Valid options are max_tokens, temperature, top_p, top_k, min_p, seed, stop, thinking, repetition_penalty, presence_penalty, frequency_penalty, max_soft_tokens and speculative.")));
+					 errhint("Valid options are max_tokens, temperature, top_p, top_k, min_p, seed, stop, thinking, repetition_penalty, presence_penalty, frequency_penalty, max_soft_tokens, speculative and allow_control_tokens.")));
 	}
 }
 

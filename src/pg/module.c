@@ -42,13 +42,19 @@ int			g4_speculative_max_batch = G4_SPEC_MAX_BATCH_DEFAULT;
 int			g4_backend = G4_BACKEND_AUTO;
 int			g4_cpu_threads = 0;
 int			g4_max_requests = 64;
-int			g4_default_max_tokens = 0;
+int			g4_default_max_tokens = 1024;
 int			g4_request_timeout = 0;
 /* prefix caching */
 bool		g4_enable_prefix_caching = true;
 int			g4_max_soft_tokens = 280;
 int			g4_max_image_pixels = 89478485;
 double		g4_max_audio_seconds = 600.0;
+int			g4_max_prompt_bytes = 0;
+int			g4_max_requests_per_role = 0;
+int			g4_max_tokens_limit = 0;
+int			g4_max_queued_requests = 64;
+int			g4_queue_timeout = 30000;
+int			g4_engine_stall_timeout = 60000;
 
 static const struct config_enum_entry kv_cache_dtype_options[] = {
 	{"bf16", G4_KV_BF16, false},
@@ -103,8 +109,51 @@ define_session_gucs(void)
 							"Tokens to generate when a call passes no max_tokens.",
 							"0 means up to the end of the context window.",
 							&g4_default_max_tokens,
-							0, 0, INT_MAX,
+							1024, 0, INT_MAX,
 							PGC_USERSET, 0,
+							NULL, NULL, NULL);
+
+	/* superuser-set (or ALTER ROLE ... SET by a superuser): a cap users cannot lift */
+	DefineCustomIntVariable("gemma4.max_prompt_bytes",
+							"Largest prompt one call may send, in bytes of UTF-8 text.",
+							"Counts every message of a chat, the text of gemma_tokenize and four bytes per id of gemma_detokenize. "
+							"0 means 16 bytes per token of the model's context window.",
+							&g4_max_prompt_bytes,
+							0, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	/* per role: ALTER ROLE ... SET by a superuser */
+	DefineCustomIntVariable("gemma4.max_requests_per_role",
+							"Requests one role may have in flight at once.",
+							"0 means half of gemma4.max_requests.",
+							&g4_max_requests_per_role,
+							0, 0, INT_MAX,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.max_tokens_limit",
+							"Largest max_tokens a call may ask for.",
+							"0 means no limit but the context window.",
+							&g4_max_tokens_limit,
+							0, 0, INT_MAX,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.max_queued_requests",
+							"Requests that may wait for a free request slot at once.",
+							"Beyond it a request fails at once.",
+							&g4_max_queued_requests,
+							64, 0, G4_MAX_WAITING,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.queue_timeout",
+							"Longest time a request waits for a free request slot.",
+							"0 means it fails at once when no slot is free.",
+							&g4_queue_timeout,
+							30000, 0, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("gemma4.request_timeout",
@@ -150,9 +199,38 @@ check_soft_tokens(int *newval, void **extra, GucSource source)
 	return false;
 }
 
+/* The prompt limit in bytes for a model with this context window. */
+int64
+g4_prompt_bytes_limit(int window)
+{
+	if (g4_max_prompt_bytes > 0)
+		return g4_max_prompt_bytes;
+	return (int64) G4_PROMPT_BYTES_PER_TOKEN * Max(window, 1);
+}
+
+/* Refuse a call's input before anything is queued. */
+void
+g4_check_prompt_bytes(int64 bytes, int64 limit, const char *what)
+{
+	if (bytes > limit)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s takes %lld bytes, more than the limit of %lld bytes",
+						what, (long long) bytes, (long long) limit),
+				 errhint("Shorten the input, or ask an administrator to raise gemma4.max_prompt_bytes.")));
+}
+
 static void
 define_server_gucs(void)
 {
+	DefineCustomIntVariable("gemma4.engine_stall_timeout",
+							"Time the engine may make no progress while requests wait before it is restarted.",
+							"The requests in flight fail; 0 disables the watchdog.",
+							&g4_engine_stall_timeout,
+							60000, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
 	DefineCustomStringVariable("gemma4.model_dir",
 							   "Model the worker serves: a directory (safetensors) or a .gguf file.",
 							   "Empty means the default model installed at SHAREDIR/gemma4/default-model.gguf.",

@@ -23,6 +23,7 @@
 #include "gemma4.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -92,6 +93,24 @@ g4buf_free(G4Buf *b)
 }
 
 /*
+ * Give a large buffer's memory back once it holds nothing: one large
+ * message must not keep the process big for the rest of its life.  Call it
+ * only where no body pointer into the buffer is live.  glibc keeps freed
+ * heap memory of up to its (adaptive) mmap threshold in the process, so the
+ * heap is trimmed too.
+ */
+void
+g4buf_shrink(G4Buf *b)
+{
+	if (g4buf_pending(b) != 0 || b->cap <= G4_BUF_KEEP)
+		return;
+	g4buf_free(b);
+#ifdef __GLIBC__
+	malloc_trim(0);
+#endif
+}
+
+/*
  * Append one frame whose body is head followed by tail (either may be
  * empty).  False when out of memory or too large; nothing is appended then.
  */
@@ -153,6 +172,8 @@ g4p_read(int fd, G4Buf *in)
 	const size_t chunk = 1 << 20;
 	ssize_t		n;
 
+	/* the frames handled since the last read are done with */
+	g4buf_shrink(in);
 	if (!g4buf_reserve(in, chunk))
 	{
 		errno = ENOMEM;
@@ -181,7 +202,10 @@ g4p_write(int fd, G4Buf *out)
 		n = send(fd, out->data + out->off, g4buf_pending(out), MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);
 	if (n > 0)
+	{
 		g4buf_consume(out, (size_t) n);
+		g4buf_shrink(out);
+	}
 	return n;
 }
 

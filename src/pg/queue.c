@@ -27,6 +27,7 @@
 
 #include "engine.h"
 #include "miscadmin.h"
+#include "storage/ipc.h"
 #include "storage/proc.h"
 #include "storage/shm_toc.h"
 #include "utils/memutils.h"
@@ -36,6 +37,7 @@
 /* Backends re-check the supervisor this often while waiting (ms). */
 #define G4_LIVENESS_CHECK_MS 1000
 
+static int	g4_claim_slot(Oid role);
 static void g4_request_detached(dsm_segment *seg, Datum arg);
 static void g4_request_context_reset(void *arg);
 static void g4_slot_give_up(int slot, uint64 request_id, bool answered);
@@ -46,8 +48,8 @@ static void g4_raise_request_error(const G4WireError *e, const char *hint) pg_at
  * Create the request's segment, publish it in a slot and wake the
  * supervisor.  The G4Request lives in CurrentMemoryContext; resetting that
  * context detaches the segment (and so cancels the request) if it is still
- * attached.  Raises an error at once when the model is not ready or every
- * slot is taken.
+ * attached.  Raises an error when the model is not ready, or when no slot
+ * came free within gemma4.queue_timeout (g4_claim_slot).
  */
 G4Request *
 g4_request_start(G4WireRequest *wreq, const char *items, Size items_len)
@@ -62,8 +64,7 @@ g4_request_start(G4WireRequest *wreq, const char *items, Size items_len)
 	G4Request  *r;
 	MemoryContextCallback *cb;
 	Latch	   *latch;
-	int			slot = -1;
-	int			i;
+	int			slot;
 
 	g4_require_ready();
 
@@ -102,32 +103,8 @@ g4_request_start(G4WireRequest *wreq, const char *items, Size items_len)
 	r->mqh = shm_mq_attach(mq, seg, NULL);
 	r->hdr = hdr;
 
-	/* claim a slot; errors are raised only after releasing the lock */
-	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
-	if (g4_shared->state == G4W_READY)
-	{
-		for (i = 0; i < g4_shared->n_slots; i++)
-		{
-			if (g4_shared->slots[i].state == G4_SLOT_FREE)
-			{
-				slot = i;
-				break;
-			}
-		}
-	}
-	if (g4_shared->state != G4W_READY || slot < 0)
-	{
-		bool		ready = g4_shared->state == G4W_READY;
-
-		LWLockRelease(g4_shared->lock);
-		if (!ready)
-			g4_require_ready();
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
-				 errmsg("too many concurrent gemma4 requests"),
-				 errdetail("All %d request slots are in use.", g4_shared->n_slots),
-				 errhint("Retry later, or raise gemma4.max_requests (this needs a server restart).")));
-	}
+	/* claim a slot, waiting in the queue for one if needed; returns locked */
+	slot = g4_claim_slot(GetUserId());
 	r->request_id = pg_atomic_fetch_add_u64(&g4_shared->next_request_id, 1);
 	hdr->slot = slot;
 	hdr->req.request_id = r->request_id;
@@ -135,6 +112,7 @@ g4_request_start(G4WireRequest *wreq, const char *items, Size items_len)
 	g4_shared->slots[slot].cancel = false;
 	g4_shared->slots[slot].kind = wreq->kind;
 	g4_shared->slots[slot].pid = MyProcPid;
+	g4_shared->slots[slot].role = GetUserId();
 	g4_shared->slots[slot].request_id = r->request_id;
 	g4_shared->slots[slot].handle = dsm_segment_handle(seg);
 	g4_shared->slots[slot].submitted_at = GetCurrentTimestamp();
@@ -152,6 +130,189 @@ g4_request_start(G4WireRequest *wreq, const char *items, Size items_len)
 		r->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), g4_request_timeout);
 	}
 	return r;
+}
+
+/* ---- waiting for a slot (safety) ----------------------------------------
+ *
+ * A role holds at most gemma4.max_requests_per_role slots.  A request that
+ * finds no slot it may take waits, for up to gemma4.queue_timeout, in a
+ * queue of at most gemma4.max_queued_requests entries.  When slots are
+ * scarce they go to the waiting role that holds the fewest, in arrival
+ * order within a role, so a role submitting many requests cannot keep the
+ * others out: each gets its share of the batch.
+ */
+
+/* The per-role limit in effect. */
+static int
+role_cap(void)
+{
+	if (g4_max_requests_per_role > 0)
+		return Min(g4_max_requests_per_role, g4_shared->n_slots);
+	return Max(1, g4_shared->n_slots / 2);
+}
+
+/* Slots held by role (lock held). */
+static int
+slots_held(Oid role)
+{
+	int			n = 0;
+	int			i;
+
+	for (i = 0; i < g4_shared->n_slots; i++)
+		if (g4_shared->slots[i].state != G4_SLOT_FREE && g4_shared->slots[i].role == role)
+			n++;
+	return n;
+}
+
+/*
+ * A free slot this request may take now, or -1 (lock held exclusively).
+ * ticket 0 is a newcomer: it comes after every waiter.
+ */
+static int
+slot_for(Oid role, uint64 ticket)
+{
+	int			held = slots_held(role);
+	int			free_slot = -1;
+	int			i;
+
+	if (held >= role_cap())
+		return -1;
+	for (i = 0; i < g4_shared->n_slots && free_slot < 0; i++)
+		if (g4_shared->slots[i].state == G4_SLOT_FREE)
+			free_slot = i;
+	if (free_slot < 0)
+		return -1;
+	/* a waiter of a role holding fewer slots, or as many and earlier, goes first */
+	for (i = 0; i < g4_shared->n_waiting; i++)
+	{
+		const G4Waiter *w = &g4_shared->waiting[i];
+		int			other;
+
+		if (w->ticket == ticket)
+			continue;
+		other = w->role == role ? held : slots_held(w->role);
+		if (other >= role_cap())
+			continue;			/* it cannot take a slot anyway */
+		if (other < held || (other == held && (ticket == 0 || w->ticket < ticket)))
+			return -1;
+	}
+	return free_slot;
+}
+
+/* Drop a waiter's entry (lock held exclusively). */
+static void
+remove_waiter(uint64 ticket)
+{
+	int			i;
+
+	for (i = 0; i < g4_shared->n_waiting; i++)
+	{
+		if (g4_shared->waiting[i].ticket == ticket)
+		{
+			g4_shared->waiting[i] = g4_shared->waiting[--g4_shared->n_waiting];
+			return;
+		}
+	}
+}
+
+/* PG_ENSURE_ERROR_CLEANUP callback: a waiter gave up (error, cancel, exit). */
+static void
+leave_queue(int code, Datum arg)
+{
+	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
+	remove_waiter(DatumGetUInt64(arg));
+	LWLockRelease(g4_shared->lock);
+	/* the slot this waiter was let through for may suit another */
+	ConditionVariableBroadcast(&g4_shared->slot_freed);
+}
+
+/* Tell waiting backends a slot was freed. */
+void
+g4_slot_freed(void)
+{
+	if (g4_shared->n_waiting > 0)
+		ConditionVariableBroadcast(&g4_shared->slot_freed);
+}
+
+/* Raise the error of a request that could not get a slot. */
+static void
+no_slot(const char *why, int held)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+			 errmsg("too many concurrent gemma4 requests: %s", why),
+			 errdetail("This role holds %d of %d request slots (gemma4.max_requests_per_role is %d).",
+					   held, g4_shared->n_slots, role_cap()),
+			 errhint("Retry later; an administrator can raise gemma4.max_requests, "
+					 "gemma4.max_requests_per_role or gemma4.max_queued_requests.")));
+}
+
+/*
+ * Claim a slot for role, waiting in the queue if needed.  Returns with the
+ * lock held exclusively; raises an error when the model is not ready, the
+ * queue is full or the wait timed out.
+ */
+static int
+g4_claim_slot(Oid role)
+{
+	TimestampTz deadline;
+	uint64		ticket;
+	int			slot;
+	int			held;
+
+	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
+	if (g4_shared->state == G4W_READY && (slot = slot_for(role, 0)) >= 0)
+		return slot;
+	held = slots_held(role);
+	if (g4_shared->state != G4W_READY || g4_shared->n_waiting >= Min(g4_max_queued_requests, G4_MAX_WAITING) ||
+		g4_queue_timeout == 0)
+	{
+		bool		ready = g4_shared->state == G4W_READY;
+
+		LWLockRelease(g4_shared->lock);
+		if (!ready)
+			g4_require_ready();
+		no_slot(g4_queue_timeout == 0 ? "no slot is free" : "the queue of waiting requests is full", held);
+	}
+	ticket = ++g4_shared->next_ticket;
+	g4_shared->waiting[g4_shared->n_waiting].role = role;
+	g4_shared->waiting[g4_shared->n_waiting].ticket = ticket;
+	g4_shared->n_waiting++;
+	LWLockRelease(g4_shared->lock);
+
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), g4_queue_timeout);
+	slot = -1;
+	PG_ENSURE_ERROR_CLEANUP(leave_queue, UInt64GetDatum(ticket));
+	{
+		ConditionVariablePrepareToSleep(&g4_shared->slot_freed);
+		for (;;)
+		{
+			long		secs;
+			int			usecs;
+			bool		ready;
+
+			LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
+			ready = g4_shared->state == G4W_READY;
+			if (ready && (slot = slot_for(role, ticket)) >= 0)
+				break;			/* keep the lock */
+			held = slots_held(role);
+			LWLockRelease(g4_shared->lock);
+			if (!ready)
+				g4_require_ready();
+			if (GetCurrentTimestamp() >= deadline)
+				no_slot(psprintf("no slot became free within gemma4.queue_timeout (%d ms)", g4_queue_timeout),
+						held);
+			TimestampDifference(GetCurrentTimestamp(), deadline, &secs, &usecs);
+			/* wake at least every second: the worker state is not signalled */
+			(void) ConditionVariableTimedSleep(&g4_shared->slot_freed,
+											   Min(1000, secs * 1000 + usecs / 1000 + 1),
+											   PG_WAIT_EXTENSION);
+		}
+	}
+	PG_END_ENSURE_ERROR_CLEANUP(leave_queue, UInt64GetDatum(ticket));
+	ConditionVariableCancelSleep();
+	remove_waiter(ticket);		/* the lock is still held */
+	return slot;
 }
 
 /*
@@ -356,12 +517,16 @@ g4_slot_give_up(int slot, uint64 request_id, bool answered)
 {
 	G4Slot	   *s = &g4_shared->slots[slot];
 	Latch	   *latch = NULL;
+	bool		freed = false;
 
 	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
 	if (s->request_id == request_id)
 	{
 		if (s->state == G4_SLOT_SUBMITTED || answered)
+		{
 			memset(s, 0, sizeof(G4Slot));
+			freed = true;
+		}
 		else if (s->state == G4_SLOT_RUNNING)
 		{
 			s->cancel = true;
@@ -371,6 +536,8 @@ g4_slot_give_up(int slot, uint64 request_id, bool answered)
 	LWLockRelease(g4_shared->lock);
 	if (latch)
 		SetLatch(latch);
+	if (freed)
+		g4_slot_freed();
 }
 
 /* The SQLSTATE for an engine (or supervisor) error code. */

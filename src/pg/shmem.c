@@ -64,6 +64,7 @@ g4_shmem_startup(void)
 		g4_shared->state = G4W_STOPPED;
 		g4_shared->state_since = GetCurrentTimestamp();
 		g4_shared->n_slots = g4_max_requests;
+		ConditionVariableInit(&g4_shared->slot_freed);
 		g4_shared->seqs = (G4WireSeq *)
 			((char *) g4_shared + MAXALIGN(add_size(offsetof(G4Shared, slots),
 													mul_size(g4_max_requests, sizeof(G4Slot)))));
@@ -98,6 +99,8 @@ g4_state_name(G4WorkerState state)
 			return "restarting";
 		case G4W_STOPPED:
 			return "stopped";
+		case G4W_STALLED:
+			return "stalled";
 	}
 	return "unknown";
 }
@@ -161,6 +164,7 @@ g4_require_ready(void)
 					 hint[0] ? errhint("%s", hint) : 0));
 			break;
 		case G4W_RESTARTING:
+		case G4W_STALLED:
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("the gemma4 engine is restarting"),

@@ -96,6 +96,8 @@ static bool engine_ready = false;
 static bool engine_load_failed = false;
 static TimestampTz engine_ready_at = 0;
 static char engine_fatal[G4_MSG_LEN];
+/* watchdog: when the engine last sent anything, or fell idle */
+static TimestampTz engine_progress_at = 0;
 
 static bool waiting_for_reload = false;
 static TimestampTz restart_at = 0;
@@ -132,6 +134,7 @@ static void release_request(SupRequest *q);
 static void free_slot(int i, uint64 request_id);
 static void publish_stats(const G4WireStats *st, const char *seqs, int n);
 static void bump(uint64 *counter);
+static void watch_engine(void);
 
 void
 gemma4_supervisor_main(Datum arg)
@@ -204,6 +207,7 @@ gemma4_supervisor_main(Datum arg)
 				(requests[i].ended || g4buf_pending(&requests[i].pending) > 0))
 				flush_replies(&requests[i]);
 		write_engine();
+		watch_engine();
 		if (restart_at != 0 && engine_pid == 0 && GetCurrentTimestamp() >= restart_at)
 		{
 			restart_at = 0;
@@ -635,6 +639,8 @@ read_engine(void)
 
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			return;
+		if (n > 0)
+			engine_progress_at = GetCurrentTimestamp();
 		if (n < 0 && errno == ENOMEM)
 			ereport(ERROR,
 					(errcode(ERRCODE_OUT_OF_MEMORY),
@@ -1002,6 +1008,7 @@ flush_replies(SupRequest *q)
 		}
 		g4buf_consume(&q->pending, sizeof(h) + h.len);
 	}
+	g4buf_shrink(&q->pending);
 	if (q->ended)
 		release_request(q);
 }
@@ -1081,6 +1088,7 @@ free_slot(int i, uint64 request_id)
 	if (g4_shared->slots[i].request_id == request_id)
 		memset(&g4_shared->slots[i], 0, sizeof(G4Slot));
 	LWLockRelease(g4_shared->lock);
+	g4_slot_freed();
 }
 
 static void
@@ -1101,4 +1109,41 @@ bump(uint64 *counter)
 	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
 	(*counter)++;
 	LWLockRelease(g4_shared->lock);
+}
+
+/*
+ * The watchdog: an engine that has requests and sends nothing (no text, no
+ * statistics, which it sends every 0.1 s while busy) for
+ * gemma4.engine_stall_timeout is hung (stopped, deadlocked, stuck in a
+ * device call).  It is reported as stalled and killed; the exit path fails
+ * its requests (58000) and restarts it.
+ */
+static void
+watch_engine(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	bool		busy = false;
+	int			i;
+
+	if (!engine_ready || engine_pid == 0)
+		return;
+	for (i = 0; i < n_requests && !busy; i++)
+		busy = requests[i].active && requests[i].in_engine;
+	if (!busy || g4_engine_stall_timeout == 0)
+	{
+		/* idle time is no stall: the clock starts with the work */
+		engine_progress_at = now;
+		return;
+	}
+	if (!TimestampDifferenceExceeds(engine_progress_at, now, g4_engine_stall_timeout))
+		return;
+	snprintf(engine_fatal, sizeof(engine_fatal),
+			 "it made no progress for %d ms with requests in flight (gemma4.engine_stall_timeout)",
+			 g4_engine_stall_timeout);
+	g4_set_state(G4W_STALLED, "The engine process made no progress with requests in flight; it is being restarted.",
+				 NULL);
+	ereport(LOG,
+			(errmsg("gemma4 engine process %d is stalled: %s; killing it", (int) engine_pid, engine_fatal)));
+	(void) kill(engine_pid, SIGKILL);
+	engine_progress_at = now;
 }

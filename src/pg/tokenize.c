@@ -56,9 +56,10 @@ gemma_tokenize(PG_FUNCTION_ARGS)
 	int			n;
 	Datum	   *elems;
 	int			i;
+	int64		limit = g4_prompt_bytes_limit(g4_require_ready());
 
-	g4_require_ready();
 	utf8 = pg_server_to_any(str, strlen(str), PG_UTF8);
+	g4_check_prompt_bytes((int64) strlen(utf8), limit, "the text to tokenize");
 	r = start_one_item(G4_KIND_TOKENIZE, G4_ITEM_PROMPT, utf8, strlen(utf8));
 	initStringInfo(&ids);
 	while (g4_request_next(r, &kind, &data, &len))
@@ -93,12 +94,15 @@ gemma_detokenize(PG_FUNCTION_ARGS)
 	Size		len;
 	char	   *s;
 	int			i;
+	int64		limit = g4_prompt_bytes_limit(g4_require_ready());
 
-	g4_require_ready();
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("token ids must be a one-dimensional array")));
+	/* before deconstructing: the ids travel as four bytes each */
+	g4_check_prompt_bytes((int64) ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr)) * (int64) sizeof(int32),
+						  limit, "the token id array");
 	deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &nulls, &n);
 	ids = palloc(sizeof(int32) * Max(n, 1));
 	for (i = 0; i < n; i++)

@@ -186,19 +186,32 @@ check_chats(const g4_tokenizer *tok, int format, const char *golden, int *n_conv
 				}
 			}
 		}
-		if (g4_chat_encode(tok, &ids, msgs, (int) nm, g4j_get_bool(conv, "enable_thinking", 0),
-						   g4j_get_bool(conv, "add_generation_prompt", 0), &out, &n, &cap, &err) != 0)
+		/* "ids": control tokens allowed (the reference's own rendering);
+		 * "ids_plain": special-token text in message content as plain text */
+		for (k = 0; k < 2 && ok; k++)
 		{
-			g4_test_fail(__FILE__, __LINE__, "%s: g4_chat_encode failed: %s", name, err.msg);
-			ok = 0;
-		}
-		else if ((size_t) n != g4j_len(want))
-			ok = 0;
-		else
-		{
-			for (i = 0; i < (size_t) n; i++)
-				if (out[i] != g4j_int(g4j_at(want, i), -1))
-					ok = 0;
+			const g4j  *w = k == 0 ? want : g4j_get(conv, "ids_plain");
+
+			if (!w)
+				continue;
+			n = 0;
+			if (g4_chat_encode(tok, &ids, msgs, (int) nm, g4j_get_bool(conv, "enable_thinking", 0),
+							   g4j_get_bool(conv, "add_generation_prompt", 0), k == 0, NULL,
+							   &out, &n, &cap, &err) != 0)
+			{
+				g4_test_fail(__FILE__, __LINE__, "%s: g4_chat_encode failed: %s", name, err.msg);
+				ok = 0;
+			}
+			else if ((size_t) n != g4j_len(w))
+				ok = 0;
+			else
+			{
+				for (i = 0; i < (size_t) n; i++)
+					if (out[i] != g4j_int(g4j_at(w, i), -1))
+						ok = 0;
+			}
+			if (!ok)
+				want = w;
 		}
 		if (!ok)
 		{
@@ -281,7 +294,7 @@ G4_TEST(chat_ids_and_errors)
 	CHECK_OK(g4_chat_init(t, G4_CHAT_GEMMA4, &ids, &err), &err);
 
 	memset(msgs, 0, sizeof(msgs));
-	CHECK(g4_chat_encode(t, &ids, msgs, 0, 0, 1, &out, &n, &cap, &err) == G4_ERR_INVALID);
+	CHECK(g4_chat_encode(t, &ids, msgs, 0, 0, 1, 1, NULL, &out, &n, &cap, &err) == G4_ERR_INVALID);
 
 	/* a media item without a soft-token count */
 	part.kind = G4_PART_IMAGE;
@@ -290,20 +303,20 @@ G4_TEST(chat_ids_and_errors)
 	msgs[0].role = G4_ROLE_USER;
 	msgs[0].parts = &part;
 	msgs[0].n_parts = 1;
-	CHECK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, &out, &n, &cap, &err) == G4_ERR_INVALID);
+	CHECK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, NULL, &out, &n, &cap, &err) == G4_ERR_INVALID);
 	CHECK(strstr(err.msg, "n_soft_tokens") != NULL);
 
 	/* output is appended */
 	msgs[0].parts = NULL;
 	msgs[0].n_parts = 0;
 	msgs[0].content = "Hello";
-	CHECK_OK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, &out, &n, &cap, &err), &err);
+	CHECK_OK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, NULL, &out, &n, &cap, &err), &err);
 	CHECK(n > 5);
 	CHECK_INT(out[0], 2);
 	{
 		int			first = n;
 
-		CHECK_OK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, &out, &n, &cap, &err), &err);
+		CHECK_OK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, NULL, &out, &n, &cap, &err), &err);
 		CHECK_INT(n, 2 * first);
 		CHECK_INT(out[first], 2);
 	}
@@ -338,7 +351,7 @@ G4_TEST(chat_gemma3_errors)
 	msgs[0].content = "a";
 	msgs[1].role = G4_ROLE_USER;
 	msgs[1].content = "b";
-	CHECK(g4_chat_encode(t, &ids, msgs, 2, 0, 1, &out, &n, &cap, &err) == G4_ERR_INVALID);
+	CHECK(g4_chat_encode(t, &ids, msgs, 2, 0, 1, 1, NULL, &out, &n, &cap, &err) == G4_ERR_INVALID);
 	CHECK(strstr(err.msg, "alternate") != NULL);
 
 	/* no audio in Gemma 3 */
@@ -348,7 +361,7 @@ G4_TEST(chat_gemma3_errors)
 	msgs[0].content = NULL;
 	msgs[0].parts = &part;
 	msgs[0].n_parts = 1;
-	CHECK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, &out, &n, &cap, &err) == G4_ERR_UNSUPPORTED);
+	CHECK(g4_chat_encode(t, &ids, msgs, 1, 0, 1, 1, NULL, &out, &n, &cap, &err) == G4_ERR_UNSUPPORTED);
 	free(out);
 	g4_tok_free(t);
 }

@@ -25,6 +25,13 @@ typedef struct
 	int			n;
 } lines_file;
 
+/* Equal byte strings; empty ones may come with NULL pointers. */
+static int
+same_bytes(const void *a, size_t an, const void *b, size_t bn)
+{
+	return an == bn && (an == 0 || memcmp(a, b, an) == 0);
+}
+
 static void
 lines_free(lines_file *f)
 {
@@ -380,7 +387,7 @@ check_corpus(const g4_tokenizer *t, const char *golden_name, int check_skip_deco
 			bad++;
 			continue;
 		}
-		if (n != n_exp || memcmp(ids, exp, sizeof(int32_t) * (size_t) n) != 0)
+		if (!same_bytes(ids, sizeof(int32_t) * (size_t) n, exp, sizeof(int32_t) * (size_t) n_exp))
 		{
 			ok = 0;
 			if (bad < 5)
@@ -401,7 +408,7 @@ check_corpus(const g4_tokenizer *t, const char *golden_name, int check_skip_deco
 		}
 		else
 		{
-			if (dl != want.len || memcmp(dec, want.data, dl) != 0)
+			if (!same_bytes(dec, dl, want.data, want.len))
 			{
 				ok = 0;
 				if (bad < 5)
@@ -409,7 +416,7 @@ check_corpus(const g4_tokenizer *t, const char *golden_name, int check_skip_deco
 								 golden_name, i + 1, show(dec, dl, sb, sizeof(sb)),
 								 show(want.data, want.len, sb2, sizeof(sb2)));
 			}
-			if (check_skip_decode && (dsl != want_skip.len || memcmp(dec_skip, want_skip.data, dsl) != 0))
+			if (check_skip_decode && !same_bytes(dec_skip, dsl, want_skip.data, want_skip.len))
 			{
 				ok = 0;
 				if (bad < 5)
@@ -423,7 +430,7 @@ check_corpus(const g4_tokenizer *t, const char *golden_name, int check_skip_deco
 			for (k = 0; k < n_exp; k++)
 				g4_detok_push(&d, exp[k], &stream);
 			g4_detok_finish(&d, &stream);
-			if (stream.len != dl || memcmp(stream.data, dec, dl) != 0)
+			if (!same_bytes(stream.data, stream.len, dec, dl))
 			{
 				ok = 0;
 				if (bad < 5)
@@ -506,7 +513,7 @@ check_decodes(const g4_tokenizer *t, const char *golden_name)
 				bad++;
 				continue;
 			}
-			if (dl != w->len || memcmp(dec, w->data, dl) != 0)
+			if (!same_bytes(dec, dl, w->data, w->len))
 			{
 				if (bad < 5)
 					g4_test_fail(__FILE__, __LINE__, "%s line %d (skip %d): \"%s\", expected \"%s\"",
@@ -519,7 +526,7 @@ check_decodes(const g4_tokenizer *t, const char *golden_name)
 			for (k = 0; k < n; k++)
 				g4_detok_push(&d, ids[k], &stream);
 			g4_detok_finish(&d, &stream);
-			if (stream.len != dl || memcmp(stream.data, dec, dl) != 0)
+			if (!same_bytes(stream.data, stream.len, dec, dl))
 			{
 				if (bad < 5)
 					g4_test_fail(__FILE__, __LINE__, "%s line %d (skip %d): streamed \"%s\" differs from decode \"%s\"",
@@ -892,7 +899,7 @@ G4_TEST(tokenizer_added_token_flags)
 		}
 		n = 0;
 		if (g4_tok_encode(t, text.data, text.len, 0, &ids, &n, &cap, &err) != 0 ||
-			n != n_exp || memcmp(ids, exp, sizeof(int32_t) * (size_t) n) != 0)
+			!same_bytes(ids, sizeof(int32_t) * (size_t) n, exp, sizeof(int32_t) * (size_t) n_exp))
 		{
 			show_ids(ids, n, ib, sizeof(ib));
 			show_ids(exp, n_exp, ib2, sizeof(ib2));
@@ -949,4 +956,122 @@ G4_TEST(tokenizer_gguf_vocabulary)
 	g4_tok_free(t);
 	CHECK_MSG(bad == 0, "%d of %d corpus strings differ from the Hugging Face goldens", bad, n);
 	CHECK(n >= 10000);
+}
+
+/* ---- special tokens as plain text ------------------------------------- */
+
+/*
+ * Every special token of a tokenizer, between two letters, encoded as data
+ * (g4_tok_encode_plain over the whole text): no special id comes out, and
+ * the ids decode to the text itself; encoded normally, the token is found.
+ * Returns the number of tokens that failed.
+ */
+static int
+check_specials_plain(const g4_tokenizer *t, int *n_special)
+{
+	int			bad = 0;
+	int			id;
+	int32_t    *ids = NULL;
+	int			cap = 0;
+	g4_buf		text = {0};
+	g4_err		err;
+
+	*n_special = 0;
+	for (id = 0; id < g4_tok_vocab_size(t); id++)
+	{
+		size_t		len;
+		const char *piece;
+		g4_tok_span all;
+		int			n = 0,
+					k,
+					found = 0,
+					leaked = 0;
+		char	   *dec = NULL;
+		size_t		dl = 0;
+
+		if (!g4_tok_is_special(t, id) || !(piece = g4_tok_piece(t, id, &len)) || len == 0)
+			continue;
+		(*n_special)++;
+		text.len = 0;
+		if (g4_buf_puts(&text, "a") || g4_buf_append(&text, piece, len) || g4_buf_puts(&text, "b"))
+			return -1;
+		all.off = 0;
+		all.len = text.len;
+		if (g4_tok_encode_plain(t, text.data, text.len, 0, &all, 1, NULL, &ids, &n, &cap, &err) != 0 ||
+			g4_tok_decode(t, ids, n, 0, &dec, &dl, &err) != 0)
+		{
+			bad++;
+			continue;
+		}
+		for (k = 0; k < n; k++)
+			leaked |= g4_tok_is_special(t, ids[k]);
+		if (leaked || !same_bytes(dec, dl, text.data, text.len))
+		{
+			if (bad < 5)
+				g4_test_fail(__FILE__, __LINE__, "special token %d \"%.*s\" as data: %s", id, (int) len, piece,
+							 leaked ? "a special id came out" : "the ids do not decode to the text");
+			bad++;
+		}
+		free(dec);
+		n = 0;
+		if (g4_tok_encode(t, text.data, text.len, 0, &ids, &n, &cap, &err) != 0)
+			bad++;
+		for (k = 0; k < n; k++)
+			found |= ids[k] == id;
+		if (!found)
+		{
+			if (bad < 5)
+				g4_test_fail(__FILE__, __LINE__, "special token %d \"%.*s\" is not found as a control token",
+							 id, (int) len, piece);
+			bad++;
+		}
+	}
+	free(ids);
+	g4_buf_free(&text);
+	return bad;
+}
+
+G4_TEST(tokenizer_specials_as_text_gemma4)
+{
+	g4_err		err;
+	g4_tokenizer *t = load_fixture(&err);
+	int			n,
+				bad;
+
+	CHECK_MSG(t != NULL, "fixture tokenizer: %s", err.msg);
+	bad = check_specials_plain(t, &n);
+	g4_tok_free(t);
+	CHECK_MSG(bad == 0, "%d of %d special tokens leak through as control tokens", bad, n);
+	CHECK_INT(n, 24);
+}
+
+G4_TEST(tokenizer_specials_as_text_gemma3)
+{
+	const char *path = getenv("G4_GGUF_MODEL");
+	const char *why = NULL;
+	g4_gguf    *g = NULL;
+	g4_tokenizer *t;
+	g4_err		err;
+	int			n,
+				bad;
+
+	/* the tokenizer.json when present, else the GGUF vocabulary */
+	t = load_gemma3(&err, &why);
+	if (!t)
+	{
+		if (!path || !path[0] || !g4_is_file(path))
+			G4_SKIP("neither ../shared nor G4_GGUF_MODEL: no Gemma 3 tokenizer");
+		CHECK_OK(g4_gguf_open(path, &g, &err), &err);
+		if (g4_tok_load_gguf(g, &t, &err) != 0)
+			t = NULL;
+		g4_gguf_close(g);
+		CHECK_MSG(t != NULL, "g4_tok_load_gguf: %s", err.msg);
+	}
+	/* the chat format's control tokens are among them */
+	CHECK(g4_tok_is_special(t, g4_tok_id(t, "<start_of_turn>")));
+	CHECK(g4_tok_is_special(t, g4_tok_id(t, "<end_of_turn>")));
+	bad = check_specials_plain(t, &n);
+	g4_tok_free(t);
+	CHECK_MSG(bad == 0, "%d of %d special tokens leak through as control tokens", bad, n);
+	CHECK(n >= 5);
 }

@@ -64,6 +64,8 @@ quantize(const float *x, int n, int levels, int8_t *q)
 	{
 		float		r = rintf(x[i] * inv);
 
+		if (isnan(r))
+			r = 0.0f;			/* a NaN has no integer: store zero */
 		if (r > (float) levels)
 			r = (float) levels;
 		if (r < (float) -levels)

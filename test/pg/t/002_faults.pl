@@ -370,9 +370,12 @@ SKIP:
 	$node->stop;
 }
 
-# back to a working configuration, with two request slots only
+# back to a working configuration, with two request slots only, both for
+# one role, and no waiting for a slot
 {
-	$node->append_conf('postgresql.conf', "gemma4.model_dir = '$ENV{G4_MODEL_DIR}'\ngemma4.max_requests = 2");
+	$node->append_conf('postgresql.conf',
+		"gemma4.model_dir = '$ENV{G4_MODEL_DIR}'\ngemma4.max_requests = 2\n"
+		  . "gemma4.max_requests_per_role = 2\ngemma4.queue_timeout = 0");
 	$node->start;
 	is($node->safe_psql('postgres', 'SELECT gemma_wait_ready(60000)'), 't', 'fixed configuration: ready again');
 	is($node->safe_psql('postgres', "SELECT gemma_generate('Hello world', max_tokens => 24)"),
@@ -389,7 +392,7 @@ SKIP:
 		push @holders, $h;
 	}
 	call_fails('slots exhausted', "SELECT gemma_generate('x', max_tokens => 4)",
-		qr/ERROR:  53000: too many concurrent gemma4 requests\n.*DETAIL:  All 2 request slots are in use.\n.*HINT:  Retry later, or raise gemma4.max_requests/s
+		qr/ERROR:  53000: too many concurrent gemma4 requests: no slot is free\n.*DETAIL:  This role holds 2 of 2 request slots.*\n.*HINT:  Retry later; an administrator can raise gemma4.max_requests/s
 	);
 	$_->query_safe('ROLLBACK') for @holders;
 	$_->quit for @holders;
