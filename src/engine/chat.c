@@ -176,12 +176,9 @@ typedef struct
 	int			cap;
 } span_list;
 
-/* Record out[from, out->len) as content; no-op without a list. */
 static int
-mark_content(span_list *l, const g4_buf *out, size_t from)
+push_span(span_list *l, size_t off, size_t len)
 {
-	if (!l || out->len == from)
-		return 0;
 	if (l->n == l->cap)
 	{
 		int			cap = l->cap ? l->cap * 2 : 16;
@@ -192,11 +189,21 @@ mark_content(span_list *l, const g4_buf *out, size_t from)
 		l->v = p;
 		l->cap = cap;
 	}
-	l->v[l->n].off = from;
-	l->v[l->n].len = out->len - from;
+	l->v[l->n].off = off;
+	l->v[l->n].len = len;
 	l->n++;
 	return 0;
 }
+
+/* Record out[from, out->len) as content; no-op without a list. */
+static int
+mark_content(span_list *l, const g4_buf *out, size_t from)
+{
+	if (!l || out->len == from)
+		return 0;
+	return push_span(l, from, out->len - from);
+}
+
 
 /* One text of a message as the template writes it (model text without its
  * thoughts, user text trimmed), recorded as content. */
@@ -208,6 +215,57 @@ append_content(g4_buf *out, span_list *plain, const char *text, int model, g4_bu
 	int			rc = model ? append_model_text(out, c, strlen(c), tmp) : append_trimmed(out, c, strlen(c));
 
 	return rc | mark_content(plain, out, from);
+}
+
+int
+g4_chat_spans_except_media(const g4_tokenizer *tok, const g4_chat_ids *ids, const char *text,
+						   g4_tok_span **v, int *n, int *cap)
+{
+	const int	media[6] = {ids->image_begin, ids->image_soft, ids->image_end,
+		ids->audio_begin, ids->audio_soft, ids->audio_end};
+	span_list	out = {0};
+	int			i,
+				k;
+
+	for (i = 0; i < *n; i++)
+	{
+		size_t		pos = (*v)[i].off,
+					end = (*v)[i].off + (*v)[i].len;
+
+		while (pos < end)
+		{
+			size_t		hit = end,
+						hit_len = 0;
+
+			/* the first media token text in [pos, end) */
+			for (k = 0; k < 6; k++)
+			{
+				size_t		len;
+				const char *piece = media[k] >= 0 ? g4_tok_piece(tok, media[k], &len) : NULL;
+				const char *at;
+
+				if (!piece || len == 0 || len > end - pos)
+					continue;
+				at = memmem(text + pos, end - pos, piece, len);
+				if (at && (size_t) (at - text) < hit)
+				{
+					hit = (size_t) (at - text);
+					hit_len = len;
+				}
+			}
+			if (hit > pos && push_span(&out, pos, hit - pos) != 0)
+			{
+				free(out.v);
+				return -1;
+			}
+			pos = hit + hit_len;
+		}
+	}
+	free(*v);
+	*v = out.v;
+	*n = out.n;
+	*cap = out.cap;
+	return 0;
 }
 
 static int
@@ -450,7 +508,7 @@ g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message
 	g4_buf		text = {0},
 				tmp = {0};
 	span_list	spans = {0};
-	span_list  *plain = allow_control_tokens ? NULL : &spans;
+	span_list  *plain = allow_control_tokens == G4_TEXT_CONTROL ? NULL : &spans;
 	size_t		bl;
 	const char *bos;
 	int			rc,
@@ -488,6 +546,9 @@ g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message
 	}
 	else
 		rc = g4_fail(err, G4_ERR_INVALID, "unknown chat format %d", ids->format);
+	if (rc == G4_OK && allow_control_tokens == G4_TEXT_DATA_BUT_MEDIA &&
+		g4_chat_spans_except_media(tok, ids, text.data, &spans.v, &spans.n, &spans.cap) != 0)
+		rc = g4_fail(err, G4_ERR_NOMEM, "out of memory rendering a chat prompt");
 	if (rc == G4_OK)
 		rc = g4_tok_encode_plain(tok, text.data, text.len, 0, spans.v, spans.n, cancel, out, n, cap, err);
 	g4_buf_free(&text);

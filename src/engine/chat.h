@@ -41,6 +41,22 @@ int			g4_chat_init(const g4_tokenizer *tok, int format, g4_chat_ids *ids, g4_err
 /* Render messages to token ids (appended to *out, realloc'd).  Without
  * allow_control_tokens, special-token text inside message content is
  * encoded as plain text.  cancel, when not NULL, is polled while encoding. */
+/* allow_control_tokens of g4_chat_encode: control tokens only outside
+ * message content; everywhere; or outside content and in the media
+ * expansions (begin + soft tokens + end) that media placement wrote into it. */
+enum
+{
+	G4_TEXT_DATA = 0,
+	G4_TEXT_CONTROL = 1,
+	G4_TEXT_DATA_BUT_MEDIA = 2
+};
+
+/* Remove from the sorted, disjoint spans every occurrence of a media token's
+ * text, so those stay control tokens.  *v is realloc'd; returns 0 or -1 (out
+ * of memory). */
+int			g4_chat_spans_except_media(const g4_tokenizer *tok, const g4_chat_ids *ids, const char *text,
+									   g4_tok_span **v, int *n, int *cap);
+
 int			g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids,
 						   const g4_message *msgs, int n_msgs, int enable_thinking,
 						   int add_generation_prompt, int allow_control_tokens,

@@ -67,12 +67,29 @@ tokenize_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const vola
 			if (!req->prompt || req->prompt[0] == '\0')
 				return g4_fail(err, G4_ERR_INVALID, "the prompt is empty");
 			{
-				/* the whole prompt is data unless control tokens are allowed */
-				g4_tok_span all = {0, strlen(req->prompt)};
+				/* the whole prompt is data unless control tokens are allowed
+				 * (media expansions placed in it stay control tokens) */
+				g4_tok_span *plain = g4_malloc(sizeof(g4_tok_span));
+				int			n_plain = 0,
+							cap_plain = 1,
+							rc;
 
-				return g4_tok_encode_plain(e->tok, req->prompt, all.len, 1,
-										   &all, req->allow_control_tokens ? 0 : 1, cancel,
-										   &s->tok, &s->n_tok, &s->cap_tok, err);
+				if (!plain)
+					return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+				plain[0].off = 0;
+				plain[0].len = strlen(req->prompt);
+				if (req->allow_control_tokens != G4_TEXT_CONTROL)
+					n_plain = 1;
+				if (req->allow_control_tokens == G4_TEXT_DATA_BUT_MEDIA &&
+					g4_chat_spans_except_media(e->tok, &e->chat, req->prompt, &plain, &n_plain, &cap_plain) != 0)
+				{
+					free(plain);
+					return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+				}
+				rc = g4_tok_encode_plain(e->tok, req->prompt, strlen(req->prompt), 1, plain, n_plain, cancel,
+										 &s->tok, &s->n_tok, &s->cap_tok, err);
+				free(plain);
+				return rc;
 			}
 		case G4_INPUT_CHAT:
 			if (!e->chat_ok)
@@ -151,6 +168,10 @@ build_media_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const v
 	}
 	if ((rc = g4_media_place(e->tok, &e->chat, req, s->media_in, n, &placed, err)) != G4_OK)
 		return rc;
+	/* the expansions placement wrote into the text are control tokens even
+	 * where the text around them is data */
+	if (!req->allow_control_tokens)
+		placed.req.allow_control_tokens = G4_TEXT_DATA_BUT_MEDIA;
 	rc = tokenize_prompt(e, s, &placed.req, cancel, err);
 	g4_media_prompt_free(&placed);
 	if (rc != G4_OK)
