@@ -54,7 +54,7 @@ rig_open(mtp_rig *r, const char *model, const char *assistant, g4_backend *be, g
 	if (g4_model_load(model, be, &r->t, 0, err) != G4_OK ||
 		g4_model_load_assistant(assistant, be, &r->a, err) != G4_OK ||
 		g4_workspace_init(r->t, 256, 1, &r->ws, err) != G4_OK ||
-		g4_kvpool_init(&r->kv, r->t, G4_KV_F32, (size_t) 8 << 20, 1, 512, 256, err) != G4_OK ||
+		g4_kvpool_init(&r->kv, r->t, G4_KV_F32, (size_t) 8 << 20, 1, 512, 256, 0, err) != G4_OK ||
 		g4_draft_init(&r->d, r->a, r->t, 4, err) != G4_OK)
 		return err->code;
 	return G4_OK;

@@ -92,7 +92,7 @@ if [ ! -f "$MODEL/config.json" ]; then
 	"$REPO/build/gemma4-make-model" --preset tiny --out "$MODEL" >/dev/null || exit 2
 fi
 export G4_MODEL_DIR=$MODEL
-# its MTP assistant (t/003_speculative.pl)
+# its MTP assistant (t/005_speculative.pl)
 DRAFT=$MODEL-assistant
 if [ ! -f "$DRAFT/config.json" ] && [ -x "$REPO/build/gemma4-make-model" ]; then
 	DRAFT=$TMP/model-assistant

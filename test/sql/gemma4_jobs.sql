@@ -20,7 +20,7 @@ SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'summary', 'body', op
 SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'n', 'body')$$);
 SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'summary', 'body', system => 'Be brief.', completion => true)$$);
 -- a job runs as its creator, who must be able to log in
-CREATE ROLE g4_job_nologin;
+CREATE ROLE g4_job_nologin IN ROLE gemma_user;
 GRANT SELECT, UPDATE ON job_docs TO g4_job_nologin;
 SET ROLE g4_job_nologin;
 SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'summary', 'body')$$);

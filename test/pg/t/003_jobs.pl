@@ -269,6 +269,7 @@ fault('restart -m immediate', sub {
 CREATE ROLE alice LOGIN;
 CREATE ROLE bob LOGIN;
 CREATE ROLE carol LOGIN IN ROLE alice;
+GRANT gemma_user TO alice, bob;
 CREATE TABLE secret (id int PRIMARY KEY, body text, summary text);
 INSERT INTO secret VALUES (1, 'the password');
 CREATE TABLE shared_docs (id int PRIMARY KEY, body text, owner name, summary text);

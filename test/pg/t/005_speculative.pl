@@ -1,4 +1,4 @@
-# 003_speculative.pl — speculative decoding through SQL.
+# 005_speculative.pl — speculative decoding through SQL.
 #
 # A server with the fixture's MTP assistant (gemma4.draft_model_dir) drafts
 # and verifies: greedy answers equal those with drafting turned off (per

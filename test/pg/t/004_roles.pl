@@ -1,4 +1,4 @@
-# 003_roles.pl — one role cannot hurt another.
+# 004_roles.pl — one role cannot hurt another.
 #
 #   - the grant model: a role without gemma_user cannot call the functions;
 #   - while one role floods the engine (batch calls wanting every slot) and
