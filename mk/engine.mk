@@ -128,6 +128,7 @@ check-engine-sanitized: $(SAN_TEST_BIN) $(FIXTURE_MODEL)/config.json $(FIXTURE_D
 	G4_TEST_SRCDIR=$(CURDIR) G4_TEST_TMPDIR=$(CURDIR)/$(SAN_BUILD)/test-tmp \
 	G4_FIXTURE_MODEL=$(CURDIR)/$(FIXTURE_MODEL) G4_FIXTURE_DENSE=$(CURDIR)/$(FIXTURE_DENSE) \
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1 \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/test/engine/lsan.supp:print_suppressions=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	$(SAN_TEST_BIN) $(TESTS)
 

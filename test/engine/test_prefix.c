@@ -185,7 +185,8 @@ G4_TEST(prefix_outputs_equal_cache_on_off)
 }
 
 /* Run one token prompt to completion; returns the tokens it took from the
- * cache (or -1 on failure, reported). */
+ * cache (or -1 on failure, reported).  *res holds the run's result (what a
+ * previous run left there is freed: declare it zeroed). */
 static int64_t
 run_prompt(g4_engine *e, const int32_t *ids, int n, int max_tokens, h_result *res, g4_err *err)
 {
@@ -193,6 +194,7 @@ run_prompt(g4_engine *e, const int32_t *ids, int n, int max_tokens, h_result *re
 	g4_stats	before,
 				after;
 
+	h_result_free(res);
 	g4_stats_get(e, &before);
 	h_token_request(&req, ids, n, max_tokens);
 	if (h_run_one(e, &req, 1000, res, err) != G4_OK || res->failed)
@@ -211,7 +213,7 @@ G4_TEST(prefix_hits_equal_shared_blocks)
 	g4_err		err;
 	g4_stats	st,
 				st0;
-	h_result	res;
+	h_result	res = {0};
 	int32_t		ids[MAX_PROMPT];
 	int			W,
 				n;
@@ -359,7 +361,7 @@ G4_TEST(prefix_blocks_reclaimed_under_pressure)
 		g4_engine  *e;
 		g4_err		err;
 		g4_stats	st;
-		h_result	res;
+		h_result	res = {0};
 		int32_t		ids[MAX_PROMPT];
 		int			k;
 
@@ -418,7 +420,7 @@ G4_TEST(prefix_sliding_window_survives_interleaving)
 		g4_options	o;
 		g4_engine  *e;
 		g4_err		err;
-		h_result	res;
+		h_result	res = {0};
 		int32_t		ids[MAX_PROMPT];
 		int			k,
 					j;
