@@ -62,8 +62,8 @@ $(ENGINE_LIB): $(ENGINE_OBJS) $(CUDA_OBJS)
 	$(CC) -shared -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
 
 # tools link the engine statically so they run from the build tree
-$(BUILD)/gemma4-run: tools/gemma4-run.c $(ENGINE_OBJS) $(CUDA_OBJS)
-	$(CC) $(ENGINE_CFLAGS) -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
+$(BUILD)/gemma4-run: tools/gemma4-run.c tools/quality.c tools/quality.h $(ENGINE_OBJS) $(CUDA_OBJS)
+	$(CC) $(ENGINE_CFLAGS) -o $@ $(filter %.c %.o,$^) $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
 
 $(BUILD)/gemma4-make-model: test/fixtures/make_model.c $(ENGINE_OBJS) $(CUDA_OBJS)
 	$(CC) $(ENGINE_CFLAGS) -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)

@@ -7,6 +7,9 @@
  *              [--kv-dtype f32|bf16|turboquant_k8v4] [--backend auto|cpu|cuda]
  *              [--threads N] [--max-model-len N] [--batch N]
  *              [--bench] [--bench-prompt-tokens N]
+ *   gemma4-run --model ... --perplexity FILE [--ctx N] [--stride S] [--windows N]
+ *              [--kl-base FILE] [--kv-dtype ...]
+ *   gemma4-run --model ... --needle FILE [--needle-tokens N] [--depths D,D,...]
  *
  * Prints the generated text (as it decodes with --stream).  --bench prints
  * prefill and decode throughput; --batch N runs N copies of the request at
@@ -19,6 +22,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "quality.h"
 
 typedef struct
 {
@@ -156,7 +160,10 @@ usage(void)
 			"                  [--top-p P] [--top-k K] [--seed S] [--chat] [--system TEXT] [--think]\n"
 			"                  [--stream] [--kv-dtype f32|bf16|turboquant_k8v4] [--backend auto|cpu|cuda]\n"
 			"                  [--threads N] [--max-model-len N] [--batch N] [--bench]\n"
-			"                  [--bench-prompt-tokens N]\n");
+			"                  [--bench-prompt-tokens N]\n"
+			"       gemma4-run --model ... --perplexity FILE [--ctx N] [--stride S] [--windows N]\n"
+			"                  [--kl-base FILE] [--kv-dtype ...] [--backend ...]\n"
+			"       gemma4-run --model ... --needle FILE [--needle-tokens N] [--depths D,D,...]\n");
 	exit(2);
 }
 
@@ -174,6 +181,7 @@ main(int argc, char **argv)
 	int			bench = 0;
 	int			bench_prompt = 0;
 	int32_t    *synthetic = NULL;
+	g4_quality_opts quality;
 	g4_message	msgs[2];
 	double		t0,
 				t1;
@@ -187,6 +195,8 @@ main(int argc, char **argv)
 	req.max_tokens = 128;
 	memset(&r, 0, sizeof(r));
 	r.batch = 1;
+	memset(&quality, 0, sizeof(quality));
+	quality.ctx = 2048;
 	for (i = 1; i < argc; i++)
 	{
 		const char *a = argv[i];
@@ -234,6 +244,26 @@ main(int argc, char **argv)
 			r.batch = atoi(v);
 		else if (ARG("--bench-prompt-tokens"))
 			bench_prompt = atoi(v);
+		else if (ARG("--perplexity"))
+			quality.text_path = v;
+		else if (ARG("--ctx"))
+			quality.ctx = atoi(v);
+		else if (ARG("--stride"))
+			quality.stride = atoi(v);
+		else if (ARG("--windows"))
+			quality.max_windows = atoi(v);
+		else if (ARG("--kl-base"))
+			quality.kl_base = v;
+		else if (ARG("--needle"))
+		{
+			quality.text_path = v;
+			if (quality.needle_tokens == 0)
+				quality.needle_tokens = 16384;
+		}
+		else if (ARG("--needle-tokens"))
+			quality.needle_tokens = atoi(v);
+		else if (ARG("--depths"))
+			quality.depths = v;
 		else if (strcmp(a, "--chat") == 0)
 			chat = 1;
 		else if (strcmp(a, "--think") == 0)
@@ -246,9 +276,20 @@ main(int argc, char **argv)
 			usage();
 #undef ARG
 	}
-	if (!o.model_path || (!prompt && bench_prompt <= 0) || r.batch < 1)
+	if (!o.model_path || (!prompt && bench_prompt <= 0 && !quality.text_path) || r.batch < 1)
 		usage();
-	o.max_num_seqs = r.batch;
+	if (quality.text_path)
+	{
+		/* scoring: one sequence, the whole window in view */
+		int			len = quality.needle_tokens > 0 ? quality.needle_tokens + 1024 : quality.ctx;
+
+		if (o.max_model_len < len)
+			o.max_model_len = len;
+		quality.record_base = o.kv_dtype == G4_KV_F32;
+	}
+	/* scoring uses one slot, but computes logits in slices as tall as
+	 * max_num_seqs rows: a few rows at once read the output embedding once */
+	o.max_num_seqs = quality.text_path ? 16 : r.batch;
 	o.verbose = 1;
 
 	t0 = now();
@@ -268,6 +309,13 @@ main(int argc, char **argv)
 				st.kv_dtype, now() - t0);
 	}
 
+	if (quality.text_path)
+	{
+		int			rc = quality.needle_tokens > 0 ? g4_run_needle(e, &quality) : g4_run_perplexity(e, &quality);
+
+		g4_close(e);
+		return rc;
+	}
 	if (bench_prompt > 0)
 	{
 		/* synthetic prompt: BOS then ordinary ids */
