@@ -311,7 +311,7 @@ main(int argc, char **argv)
 
 	if (quality.text_path)
 	{
-		int			rc = quality.needle_tokens > 0 ? g4_run_needle(e, &quality) : g4_run_perplexity(e, &quality);
+		int			rc = quality.needle_tokens > 0 ? g4_run_needle(e, &quality) : g4_run_perplexity(e, &quality, NULL);
 
 		g4_close(e);
 		return rc;

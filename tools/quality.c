@@ -210,7 +210,7 @@ bos_id(g4_engine *e)
 }
 
 int
-g4_run_perplexity(g4_engine *e, const g4_quality_opts *q)
+g4_run_perplexity(g4_engine *e, const g4_quality_opts *q, g4_ppl_result *out)
 {
 	g4_model_info mi;
 	int32_t    *tok = NULL;
@@ -307,6 +307,13 @@ g4_run_perplexity(g4_engine *e, const g4_quality_opts *q)
 
 		printf("PPL = %.4f +/- %.4f  (%ld targets, %d windows of %d, stride %d)\n", exp(mean), exp(mean) * sqrt(var),
 			   st.n, n_windows, ctx, stride);
+		if (out)
+		{
+			memset(out, 0, sizeof(*out));
+			out->ppl = exp(mean);
+			out->ppl_stderr = exp(mean) * sqrt(var);
+			out->targets = st.n;
+		}
 	}
 	if (q->kl_base && st.record)
 		printf("recorded the logits of %ld positions in %s\n", st.n, q->kl_base);
@@ -317,6 +324,8 @@ g4_run_perplexity(g4_engine *e, const g4_quality_opts *q)
 		g4_kl_summarise(st.kl, st.n_kl, st.n_agree, &ks);
 		printf("KL vs base: mean %.6f +/- %.6f, 99th percentile %.6f; top-1 agreement %.4f %% (%ld of %ld)\n",
 			   ks.mean, ks.stderr_mean, ks.p99, 100.0 * ks.top1, st.n_agree, st.n_kl);
+		if (out)
+			out->kl = ks;
 	}
 	rc = 0;
 done:

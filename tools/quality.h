@@ -50,7 +50,17 @@ double		g4_kl_logits(const float *p_logits, const float *q_logits, int vocab);
 /* Summary of n KL values (sorted in place) with n_agree agreeing top-1s. */
 void		g4_kl_summarise(double *kl, long n, long n_agree, g4_kl_summary *out);
 
-int			g4_run_perplexity(g4_engine *e, const g4_quality_opts *q);
+/* What a perplexity run measured (KL fields only when comparing). */
+typedef struct
+{
+	double		ppl;
+	double		ppl_stderr;
+	long		targets;
+	g4_kl_summary kl;
+} g4_ppl_result;
+
+/* Both print their report on stdout; 0 on success.  out may be NULL. */
+int			g4_run_perplexity(g4_engine *e, const g4_quality_opts *q, g4_ppl_result *out);
 int			g4_run_needle(g4_engine *e, const g4_quality_opts *q);
 
 #endif
