@@ -24,10 +24,10 @@
  *         -> D + 2 + D/2 + 2D/G bytes/token: 402 B at D=256 (bf16: 1024,
  *            2.55x smaller), 802 B at D=512 (2.55x).
  *         The values' 16 levels are the odd multiples of the scale, so all
- *         16 codes are used and the largest element is exact (±15·scale);
+ *         16 codes are used and the largest element lands on ±15·scale;
  *         groups of 32 adapt the step to the local range.  Measured on
- *         Gemma 3 270M against per-128 scales with 15 levels, this halves
- *         the values' share of the KL divergence (test/bench/QUALITY.md).
+ *         Gemma 3 270M against per-128 scales with 15 levels, this cuts the
+ *         values' share of the KL divergence by ~40 % (test/bench/QUALITY.md).
  *
  * Layers whose key derives from the value (attention_k_eq_v: k = RoPE(v *
  * k_norm.weight)) store only V; attention rebuilds K on the fly:
