@@ -126,18 +126,18 @@ decode_elems(const uint8_t *hb, int off, int hd, int d0, bool k, bool k_eq_v, fl
 	else if (k || k_eq_v)
 	{
 		int8_t		v[E];
-		float		s = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_kscale_off(hd) + 2 * (size_t) off));
+		float		s = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_kscale_off(hd) + 2 * (size_t) off));
 
 		load_bytes<E>(hb + (size_t) off * hd + d0, reinterpret_cast<uint8_t *>(v));
 #pragma unroll
 		for (int e = 0; e < E; e++)
-			x[e] = __fmul_rn((float) v[e], s);
+			x[e] = g4_kv_k8_value(v[e], s);
 	}
 	else
 	{
-		int			G = g4c_v4_group(hd);
-		const uint8_t *vq = hb + g4c_tq_v_off(hd) + (size_t) off * (size_t) (hd / 2);
-		const uint16_t *vs = reinterpret_cast<const uint16_t *>(hb + g4c_tq_vscale_off(hd) + (size_t) off * (size_t) (hd / G) * 2);
+		int			G = g4_kv_v4_group(hd);
+		const uint8_t *vq = hb + g4_kv_tq_v_off(hd) + (size_t) off * (size_t) (hd / 2);
+		const uint16_t *vs = reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_vscale_off(hd) + (size_t) off * (size_t) (hd / G) * 2);
 
 		if constexpr (E >= 2)
 		{
@@ -148,8 +148,8 @@ decode_elems(const uint8_t *hb, int off, int hd, int d0, bool k, bool k_eq_v, fl
 #pragma unroll
 			for (int e = 0; e < E / 2; e++)
 			{
-				x[2 * e] = __fmul_rn((float) ((int) (v[e] & 15) - 8), s);
-				x[2 * e + 1] = __fmul_rn((float) ((int) (v[e] >> 4) - 8), s);
+				x[2 * e] = g4_kv_v4_value(v[e] & 15, s);
+				x[2 * e + 1] = g4_kv_v4_value(v[e] >> 4, s);
 			}
 		}
 		else
@@ -157,7 +157,7 @@ decode_elems(const uint8_t *hb, int off, int hd, int d0, bool k, bool k_eq_v, fl
 			uint8_t		b = vq[d0 / 2];
 			float		s = g4_f16_to_f32(vs[d0 / G]);
 
-			x[0] = __fmul_rn((float) ((int) ((b >> (4 * (d0 & 1))) & 15) - 8), s);
+			x[0] = g4_kv_v4_value((b >> (4 * (d0 & 1))) & 15, s);
 		}
 	}
 }
@@ -169,21 +169,11 @@ hadamard_rows_smem(float *x, int rows, int n, int stride)
 	for (int len = 1; len < n; len <<= 1)
 	{
 		for (int q = threadIdx.x; q < rows * (n / 2); q += blockDim.x)
-		{
-			int			r = q / (n / 2),
-						b = q % (n / 2);
-			int			j = (b / len) * 2 * len + (b % len);
-			float	   *row = x + (size_t) r * stride;
-			float		u = row[j],
-						v = row[j + len];
-
-			row[j] = __fadd_rn(u, v);
-			row[j + len] = __fsub_rn(u, v);
-		}
+			g4_hadamard_butterfly(x + (size_t) (q / (n / 2)) * stride, len, q % (n / 2));
 		__syncthreads();
 	}
 	{
-		float		norm = __fdiv_rn(1.0f, __fsqrt_rn((float) n));
+		float		norm = g4_hadamard_norm(n);
 
 		for (int q = threadIdx.x; q < rows * n; q += blockDim.x)
 		{
@@ -553,7 +543,7 @@ tc_load_raw(const attn_args &a, int slot, int g, int b, tc_raw<HD, DT, KEQV, RG>
 	if (!hb)
 		return;
 	if (DT == G4_KV_TURBOQUANT_K8V4)
-		raw.ks = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_kscale_off(HD) + 2 * j));
+		raw.ks = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_kscale_off(HD) + 2 * j));
 #pragma unroll
 	for (int i = 0; i < G::PPT; i++)
 	{
@@ -565,10 +555,10 @@ tc_load_raw(const attn_args &a, int slot, int g, int b, tc_raw<HD, DT, KEQV, RG>
 			load_bytes<8 * G::EB>(krow + (size_t) (d + HD / 2) * G::EB, raw.k[i] + 8 * G::EB);
 		else if (DT == G4_KV_TURBOQUANT_K8V4)
 		{
-			const int	GR = HD < G4_KV_V4_GROUP_MAX ? HD : G4_KV_V4_GROUP_MAX;
+			const int	GR = g4_kv_v4_group(HD);	/* a multiple of the piece's 8 */
 
-			load_bytes<4>(hb + g4c_tq_v_off(HD) + (size_t) j * (HD / 2) + d / 2, raw.v[i]);
-			raw.vs[i] = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4c_tq_vscale_off(HD) + (size_t) j * (HD / GR) * 2 + (size_t) (d / GR) * 2));
+			load_bytes<4>(hb + g4_kv_tq_v_off(HD) + (size_t) j * (HD / 2) + d / 2, raw.v[i]);
+			raw.vs[i] = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_vscale_off(HD) + (size_t) j * (HD / GR) * 2 + (size_t) (d / GR) * 2));
 		}
 		else
 			load_bytes<8 * G::EB>(hb + (size_t) (G4_KV_BLOCK_TOKENS + j) * HD * G::EB + (size_t) d * G::EB, raw.v[KEQV ? 0 : i]);
@@ -583,7 +573,7 @@ raw_elem(const uint8_t *p, int e, float s)
 		return reinterpret_cast<const float *>(p)[e];
 	if (DT == G4_KV_BF16)
 		return g4_bf16_to_f32(reinterpret_cast<const uint16_t *>(p)[e]);
-	return (float) reinterpret_cast<const int8_t *>(p)[e] * s;
+	return g4_kv_k8_value(reinterpret_cast<const int8_t *>(p)[e], s);
 }
 
 /* Decode the raw pieces into Ks / Vs (f16, swizzled).  Positions outside
@@ -669,7 +659,7 @@ tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, K
 				{
 					int			byte = raw.v[i][e >> 1];
 
-					vx[e] = (float) (((byte >> (4 * (e & 1))) & 15) - 8) * raw.vs[i];
+					vx[e] = g4_kv_v4_value((byte >> (4 * (e & 1))) & 15, raw.vs[i]);
 				}
 				else
 					vx[e] = raw_elem<DT, G::EB>(raw.v[i], e, 0.0f);

@@ -158,32 +158,6 @@ void	   *g4c_scratch(g4_cuda *c, size_t bytes);
 /* `n` zeroed counters. */
 unsigned   *g4c_counters(g4_cuda *c, size_t n);
 
-/* ---- the pool layout of kvformat.h, for device code ----------------------- */
-
-__device__ __forceinline__ int
-g4c_v4_group(int hd)
-{
-	return hd < G4_KV_V4_GROUP_MAX ? hd : G4_KV_V4_GROUP_MAX;
-}
-
-__device__ __forceinline__ size_t
-g4c_tq_kscale_off(int hd)
-{
-	return (size_t) G4_KV_BLOCK_TOKENS * (size_t) hd;
-}
-
-__device__ __forceinline__ size_t
-g4c_tq_v_off(int hd)
-{
-	return g4c_tq_kscale_off(hd) + 2 * G4_KV_BLOCK_TOKENS;
-}
-
-__device__ __forceinline__ size_t
-g4c_tq_vscale_off(int hd)
-{
-	return g4c_tq_v_off(hd) + (size_t) G4_KV_BLOCK_TOKENS * (size_t) hd / 2;
-}
-
 /* ---- warp helpers ---------------------------------------------------------- */
 
 __device__ __forceinline__ float

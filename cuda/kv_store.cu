@@ -3,11 +3,9 @@
  * every pool dtype, byte for byte as kv_codec.c encodes them.
  *
  * One block of 128 threads per (token, KV head).  turboquant_k8v4 rotates
- * with the Sylvester-ordered Hadamard butterflies of g4_hadamard (same
- * additions in the same order, then one multiplication by 1/sqrt(D)),
- * rounds the scale max|x|/levels to f16 first and quantises with
- * rint(x * (1/scale)), half to even: every step is a single IEEE operation,
- * so the bytes equal the CPU's.
+ * with kvformat.h's Hadamard butterflies (a stage's butterflies in parallel,
+ * a barrier between stages) and quantises with kvformat.h's scale and code
+ * rules, so the bytes equal the CPU's.
  */
 #include <math.h>
 
@@ -23,18 +21,11 @@ hadamard_smem(float *x, int n)
 	for (int len = 1; len < n; len <<= 1)
 	{
 		for (int q = threadIdx.x; q < n / 2; q += blockDim.x)
-		{
-			int			j = (q / len) * 2 * len + (q % len);
-			float		a = x[j];
-			float		b = x[j + len];
-
-			x[j] = __fadd_rn(a, b);
-			x[j + len] = __fsub_rn(a, b);
-		}
+			g4_hadamard_butterfly(x, len, q);
 		__syncthreads();
 	}
 	{
-		float		norm = __fdiv_rn(1.0f, __fsqrt_rn((float) n));
+		float		norm = g4_hadamard_norm(n);
 
 		for (int i = threadIdx.x; i < n; i += blockDim.x)
 			x[i] = __fmul_rn(x[i], norm);
@@ -59,26 +50,6 @@ block_amax(const float *x, int i0, int len, float *red)
 	__syncthreads();
 	m = lane < (int) (blockDim.x >> 5) ? red[lane] : 0.0f;
 	return g4c_warp_max(m);
-}
-
-/* scale = f16(amax / levels); q = clamp(rint(x / scale)) as kv_codec.c */
-__device__ __forceinline__ uint16_t
-quant_scale(float amax, int levels, float *inv)
-{
-	uint16_t	s16 = g4_f32_to_f16(__fdiv_rn(amax, (float) levels));
-	float		s = g4_f16_to_f32(s16);
-
-	*inv = s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f;
-	return s16;
-}
-
-__device__ __forceinline__ int
-quant_one(float x, float inv, int levels)
-{
-	float		r = rintf(__fmul_rn(x, inv));
-
-	r = fminf(fmaxf(r, (float) -levels), (float) levels);
-	return (int) r;
 }
 
 struct store_args
@@ -169,13 +140,13 @@ kv_store_kernel(store_args a)
 		hadamard_smem(buf, hd);
 	{
 		float		inv;
-		uint16_t	s16 = quant_scale(block_amax(buf, 0, hd, red), 127, &inv);
+		uint16_t	s16 = g4_kv_scale(block_amax(buf, 0, hd, red), G4_KV_K8_LEVELS, &inv);
 		int8_t	   *kq = (int8_t *) hb + (size_t) off * hd;
 
 		for (int i = threadIdx.x; i < hd; i += blockDim.x)
-			kq[i] = (int8_t) quant_one(buf[i], inv, 127);
+			kq[i] = (int8_t) g4_kv_k8_code(buf[i], inv);
 		if (threadIdx.x == 0)
-			*(uint16_t *) (hb + g4c_tq_kscale_off(hd) + 2 * (size_t) off) = s16;
+			*(uint16_t *) (hb + g4_kv_tq_kscale_off(hd) + 2 * (size_t) off) = s16;
 	}
 	if (a.k_eq_v)
 		return;
@@ -185,22 +156,20 @@ kv_store_kernel(store_args a)
 	__syncthreads();
 	hadamard_smem(buf, hd);
 	{
-		int			G = g4c_v4_group(hd);
-		uint8_t    *vq = hb + g4c_tq_v_off(hd) + (size_t) off * (size_t) (hd / 2);
-		uint16_t   *vs = (uint16_t *) (hb + g4c_tq_vscale_off(hd) + (size_t) off * (size_t) (hd / G) * 2);
+		int			G = g4_kv_v4_group(hd);
+		uint8_t    *vq = hb + g4_kv_tq_v_off(hd) + (size_t) off * (size_t) (hd / 2);
+		uint16_t   *vs = (uint16_t *) (hb + g4_kv_tq_vscale_off(hd) + (size_t) off * (size_t) (hd / G) * 2);
 
 		for (int gi = 0; gi < hd / G; gi++)
 		{
 			float		inv;
-			uint16_t	s16 = quant_scale(block_amax(buf, gi * G, G, red), 7, &inv);
+			uint16_t	s16 = g4_kv_scale(block_amax(buf, gi * G, G, red), G4_KV_V4_STEPS, &inv);
 
 			for (int i = threadIdx.x; i < G / 2; i += blockDim.x)
 			{
 				int			e = gi * G + 2 * i;
-				int			q0 = quant_one(buf[e], inv, 7);
-				int			q1 = quant_one(buf[e + 1], inv, 7);
 
-				vq[e / 2] = (uint8_t) ((q0 + 8) | ((q1 + 8) << 4));
+				vq[e / 2] = (uint8_t) (g4_kv_v4_code(buf[e], inv) | (g4_kv_v4_code(buf[e + 1], inv) << 4));
 			}
 			if (threadIdx.x == 0)
 				vs[gi] = s16;

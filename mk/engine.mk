@@ -64,14 +64,15 @@ $(ENGINE_LIB): $(ENGINE_OBJS) $(CUDA_OBJS)
 	$(CC) -shared -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
 
 # tools link the engine statically so they run from the build tree
-$(BUILD)/gemma4-run: tools/gemma4-run.c $(ENGINE_OBJS) $(CUDA_OBJS)
-	$(CC) $(ENGINE_CFLAGS) -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
+$(BUILD)/gemma4-run: tools/gemma4-run.c tools/quality.c tools/quality.h $(ENGINE_OBJS) $(CUDA_OBJS)
+	$(CC) $(ENGINE_CFLAGS) -o $@ $(filter %.c %.o,$^) $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
 
 $(BUILD)/gemma4-make-model: test/fixtures/make_model.c $(ENGINE_OBJS) $(CUDA_OBJS)
 	$(CC) $(ENGINE_CFLAGS) -o $@ $^ $(CUDA_LDLIBS) $(ENGINE_LDLIBS)
 
-$(TEST_BIN): $(TEST_SRCS) $(wildcard test/engine/*.h) $(ENGINE_OBJS) $(CUDA_OBJS)
-	$(CC) $(ENGINE_CFLAGS) -Itest/engine -o $@ $(TEST_SRCS) $(ENGINE_OBJS) $(CUDA_OBJS) \
+# the quality measurements of gemma4-run (tools/quality.c) are tested too
+$(TEST_BIN): $(TEST_SRCS) tools/quality.c tools/quality.h $(wildcard test/engine/*.h) $(ENGINE_OBJS) $(CUDA_OBJS)
+	$(CC) $(ENGINE_CFLAGS) -Itest/engine -Itools -o $@ $(TEST_SRCS) tools/quality.c $(ENGINE_OBJS) $(CUDA_OBJS) \
 		$(CUDA_LDLIBS) $(ENGINE_LDLIBS)
 
 # The tiny random Gemma 4 model every suite uses, generated (never committed).
@@ -99,8 +100,17 @@ fetch-default-model:
 	@tools/fetch-default-model.sh $(DEFAULT_MODEL) || \
 		echo "note: default model unavailable; its tests will be skipped" >&2
 
+# The quality corpus (the PostgreSQL manual as text), fetched and converted
+# at test time; the test that needs it skips, saying so, when it cannot be.
+QUALITY_CORPUS := $(BUILD)/corpus/postgresql-15-manual.txt
+.PHONY: fetch-corpus
+fetch-corpus:
+	@test/quality/fetch-corpus.sh $(QUALITY_CORPUS) || \
+		echo "note: quality corpus unavailable; the quality check will be skipped" >&2
+
 check-engine: $(TEST_BIN) $(FIXTURE_MODEL)/config.json $(FIXTURE_DENSE)/config.json \
-		$(FIXTURE_MODEL)-assistant/config.json $(FIXTURE_DENSE)-assistant/config.json fetch-default-model
+		$(FIXTURE_MODEL)-assistant/config.json $(FIXTURE_DENSE)-assistant/config.json fetch-default-model fetch-corpus
+	G4_QUALITY_CORPUS=$$(test -f $(QUALITY_CORPUS) && echo $(CURDIR)/$(QUALITY_CORPUS)) \
 	G4_TEST_SRCDIR=$(CURDIR) G4_TEST_TMPDIR=$(CURDIR)/$(BUILD)/test-tmp \
 	G4_FIXTURE_MODEL=$(CURDIR)/$(FIXTURE_MODEL) G4_FIXTURE_DENSE=$(CURDIR)/$(FIXTURE_DENSE) \
 	G4_GGUF_MODEL=$$(test -f $(DEFAULT_MODEL) && echo $(CURDIR)/$(DEFAULT_MODEL)) \
@@ -133,7 +143,7 @@ check-engine-sanitized: $(SAN_TEST_BIN) $(FIXTURE_MODEL)/config.json $(FIXTURE_D
 	$(SAN_TEST_BIN) $(TESTS)
 
 # Benchmarks print figures; they never assert timings.
-BENCHES := $(BUILD)/bench-quant $(BUILD)/bench-tokenizer $(BUILD)/bench-membw
+BENCHES := $(BUILD)/bench-quant $(BUILD)/bench-tokenizer $(BUILD)/bench-membw $(BUILD)/bench-kv_quality
 $(BUILD)/bench-membw: test/bench/bench_membw.c
 	$(CC) $(ENGINE_CFLAGS) -o $@ $< -lpthread
 $(BUILD)/bench-%: test/bench/bench_%.c $(ENGINE_OBJS) $(CUDA_OBJS)

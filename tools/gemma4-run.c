@@ -10,6 +10,9 @@
  *              [--image FILE] [--audio FILE] [--max-soft-tokens N]
  *              [--draft DIR] [--spec-tokens K] [--spec-max-batch N]
  *              [--bench-accept A]
+ *   gemma4-run --model ... --perplexity FILE [--ctx N] [--stride S] [--windows N]
+ *              [--kl-base FILE] [--kv-dtype ...]
+ *   gemma4-run --model ... --needle FILE [--needle-tokens N] [--depths D,D,...]
  *
  * Prints the generated text (as it decodes with --stream).  --bench prints
  * prefill and decode throughput; --batch N runs N copies of the request at
@@ -29,6 +32,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "quality.h"
 
 typedef struct
 {
@@ -168,7 +172,10 @@ usage(void)
 			"                  [--threads N] [--max-model-len N] [--batch N] [--bench]\n"
 			"                  [--bench-prompt-tokens N] [--image FILE] [--audio FILE] [--max-soft-tokens N]\n"
 			"                  [--draft DIR] [--spec-tokens K]\n"
-			"                  [--spec-max-batch N] [--bench-accept A]\n");
+			"                  [--spec-max-batch N] [--bench-accept A]\n"
+			"       gemma4-run --model ... --perplexity FILE [--ctx N] [--stride S] [--windows N]\n"
+			"                  [--kl-base FILE] [--kv-dtype ...] [--backend ...]\n"
+			"       gemma4-run --model ... --needle FILE [--needle-tokens N] [--depths D,D,...]\n");
 	exit(2);
 }
 
@@ -211,6 +218,7 @@ main(int argc, char **argv)
 	int			bench = 0;
 	int			bench_prompt = 0;
 	int32_t    *synthetic = NULL;
+	g4_quality_opts quality;
 	g4_message	msgs[2];
 	g4_media   *media = NULL;
 	int			n_media = 0;
@@ -226,6 +234,8 @@ main(int argc, char **argv)
 	req.max_tokens = 128;
 	memset(&r, 0, sizeof(r));
 	r.batch = 1;
+	memset(&quality, 0, sizeof(quality));
+	quality.ctx = 2048;
 	for (i = 1; i < argc; i++)
 	{
 		const char *a = argv[i];
@@ -291,6 +301,26 @@ main(int argc, char **argv)
 			o.spec_max_batch = atoi(v);
 		else if (ARG("--bench-accept"))
 			o.bench_force_accept = atoi(v);
+		else if (ARG("--perplexity"))
+			quality.text_path = v;
+		else if (ARG("--ctx"))
+			quality.ctx = atoi(v);
+		else if (ARG("--stride"))
+			quality.stride = atoi(v);
+		else if (ARG("--windows"))
+			quality.max_windows = atoi(v);
+		else if (ARG("--kl-base"))
+			quality.kl_base = v;
+		else if (ARG("--needle"))
+		{
+			quality.text_path = v;
+			if (quality.needle_tokens == 0)
+				quality.needle_tokens = 16384;
+		}
+		else if (ARG("--needle-tokens"))
+			quality.needle_tokens = atoi(v);
+		else if (ARG("--depths"))
+			quality.depths = v;
 		else if (strcmp(a, "--chat") == 0)
 			chat = 1;
 		else if (strcmp(a, "--think") == 0)
@@ -303,9 +333,20 @@ main(int argc, char **argv)
 			usage();
 #undef ARG
 	}
-	if (!o.model_path || (!prompt && bench_prompt <= 0) || r.batch < 1)
+	if (!o.model_path || (!prompt && bench_prompt <= 0 && !quality.text_path) || r.batch < 1)
 		usage();
-	o.max_num_seqs = r.batch;
+	if (quality.text_path)
+	{
+		/* scoring: one sequence, the whole window in view */
+		int			len = quality.needle_tokens > 0 ? quality.needle_tokens + 1024 : quality.ctx;
+
+		if (o.max_model_len < len)
+			o.max_model_len = len;
+		quality.record_base = o.kv_dtype == G4_KV_F32;
+	}
+	/* scoring uses one slot, but computes logits in slices as tall as
+	 * max_num_seqs rows: a few rows at once read the output embedding once */
+	o.max_num_seqs = quality.text_path ? 16 : r.batch;
 	o.verbose = 1;
 
 	t0 = now();
@@ -325,6 +366,13 @@ main(int argc, char **argv)
 				st.kv_dtype, now() - t0);
 	}
 
+	if (quality.text_path)
+	{
+		int			rc = quality.needle_tokens > 0 ? g4_run_needle(e, &quality) : g4_run_perplexity(e, &quality, NULL);
+
+		g4_close(e);
+		return rc;
+	}
 	if (bench_prompt > 0)
 	{
 		/* synthetic prompt: BOS then ordinary ids */

@@ -402,6 +402,24 @@ void		g4_stats_get(const g4_engine *e, g4_stats *st);
 /* Per-sequence snapshot; returns how many were written (at most max). */
 int			g4_seqs_get(const g4_engine *e, g4_seq_info *out, int max);
 
+/* ---- scoring (teacher forcing) ---------------------------------------- */
+
+/* Receives the logits (after the final soft-cap) computed at position pos:
+ * the model's prediction of the token at pos + 1.  The row is valid only
+ * during the call. */
+typedef void (*g4_logits_fn) (void *ctx, int pos, const float *logits, int vocab);
+
+/*
+ * Run the model over ids[0..n) as one fresh sequence, exactly as a request
+ * with that prompt would be prefilled (same chunking limits, masks and KV
+ * dtype), and hand fn the logits of every position p >= first_logit, in
+ * order.  Needs an idle engine (no live request: G4_ERR_BUSY otherwise); the
+ * sequence's KV blocks are released before it returns.  For perplexity, KL
+ * divergence between KV dtypes and retrieval checks.
+ */
+int			g4_score(g4_engine *e, const int32_t *ids, int n, int first_logit, g4_logits_fn fn, void *ctx,
+					 g4_err *err);
+
 /* Library version string. */
 const char *g4_version(void);
 

@@ -192,6 +192,21 @@ mlp_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, const g4_layer *nex
 	return G4_OK;
 }
 
+/* The logits of the step's logit rows from the final residual stream. */
+static int
+issue_logits(g4_model *m, g4_workspace *ws, int n_logits, g4_err *err)
+{
+	const g4_model_config *c = &m->cfg;
+	g4_backend *be = m->be;
+
+	TRY(be->ops->gather_logit_rows(be, ws->x, c->hidden_size, ws->lx));
+	TRY(be->ops->rmsnorm(be, ws->lx, m->final_norm, n_logits, c->hidden_size, (float) c->rms_eps, ws->lx));
+	TRY(be->ops->matmul(be, m->embed, ws->lx, n_logits, ws->logits));
+	if (c->final_softcap > 0)
+		TRY(be->ops->softcap(be, ws->logits, (size_t) n_logits * (size_t) c->vocab_size, (float) c->final_softcap));
+	return G4_OK;
+}
+
 /* Every operation of one step, after step_begin. */
 static int
 issue_step(g4_model *m, g4_workspace *ws, const g4_step_meta *meta, const g4_embed_rows *extra, g4_err *err)
@@ -219,15 +234,7 @@ issue_step(g4_model *m, g4_workspace *ws, const g4_step_meta *meta, const g4_emb
 			return g4_fail_ctx(err, "layer %d", i);
 	}
 	if (meta->n_logits > 0)
-	{
-		TRY(be->ops->gather_logit_rows(be, ws->x, c->hidden_size, ws->lx));
-		TRY(be->ops->rmsnorm(be, ws->lx, m->final_norm, meta->n_logits, c->hidden_size, (float) c->rms_eps,
-							 ws->lx));
-		TRY(be->ops->matmul(be, m->embed, ws->lx, meta->n_logits, ws->logits));
-		if (c->final_softcap > 0)
-			TRY(be->ops->softcap(be, ws->logits, (size_t) meta->n_logits * (size_t) c->vocab_size,
-								 (float) c->final_softcap));
-	}
+		TRY(issue_logits(m, ws, meta->n_logits, err));
 	return G4_OK;
 }
 
@@ -268,4 +275,16 @@ g4_model_forward(g4_model *m, g4_workspace *ws, const g4_step_meta *meta,
 			return g4_fail(err, rc2, "%s backend: finishing a step graph failed", be->ops->name);
 	}
 	return rc;
+}
+
+int
+g4_model_logits(g4_model *m, g4_workspace *ws, const g4_step_meta *meta, g4_err *err)
+{
+	g4_backend *be = m->be;
+
+	if (meta->n_logits <= 0 || meta->n_logits > ws->max_logits)
+		return g4_fail(err, G4_ERR_INTERNAL, "%d logit rows exceed the workspace (%d)", meta->n_logits,
+					   ws->max_logits);
+	TRY(be->ops->step_begin(be, meta));
+	return issue_logits(m, ws, meta->n_logits, err);
 }

@@ -120,4 +120,10 @@ int			g4_model_embed_media(g4_model *m, const struct g4_media_input *in, float *
 int			g4_model_forward(g4_model *m, g4_workspace *ws, const g4_step_meta *meta,
 							 const g4_embed_rows *extra, g4_err *err);
 
+/* After g4_model_forward, the logits of further rows of the same step: meta
+ * describes the step again with other logit_rows (at most ws->max_logits);
+ * they are left in ws->logits (device).  Scoring every position of a long
+ * prompt this way needs no logits buffer as tall as the step. */
+int			g4_model_logits(g4_model *m, g4_workspace *ws, const g4_step_meta *meta, g4_err *err);
+
 #endif

@@ -16,7 +16,9 @@
  *    the test);
  *  - seeded sampling on the device gives the CPU engine's tokens;
  *  - step-graph replay and the device's greedy choice give bit-identical
- *    logits and the same tokens as plain issue and the host argmax.
+ *    logits and the same tokens as plain issue and the host argmax;
+ *  - teacher-forced scoring (g4_score: every position's logits, in chunks
+ *    and logit slices) agrees with the CPU's at every position.
  * The fixture's matrices have at most 256 columns, so they run in exact
  * float32 on the GPU (matmul_dense.cu) and its head sizes (16, 32) in the
  * float32 attention kernel: the CPU's bound applies unchanged.
@@ -274,7 +276,7 @@ trace_free(trace *t)
  * pool may store a different code for a value within float32 rounding of a
  * code boundary, which perturbs the logits (the fixture's span about ±4) by
  * the effect of a few code steps: at most 0.05 (bf16) / 0.15 (turboquant,
- * int4 value steps are 1/7 of a group's maximum) at the first step and
+ * int4 value steps are 2/15 of a group's maximum) at the first step and
  * wherever the continuations part, where the CPU's margin between the two
  * choices then lies within twice that perturbation (a near tie).  A wrong
  * decoding or indexing would move logits by O(1).  Every parting is printed
@@ -527,4 +529,87 @@ G4_TEST(gpu_model_step_graphs_and_device_argmax)
 	CHECK_MSG(tdiff == 0, "%d tokens differ between the device and host argmax", tdiff);
 	free(la);
 	free(lb);
+}
+
+/* g4_score's logits of every position, per backend */
+typedef struct
+{
+	float	   *rows;
+	int			n,
+				vocab,
+				next;			/* the position expected next */
+	int			out_of_order;
+} score_trace;
+
+static void
+score_logits(void *ctx, int pos, const float *logits, int vocab)
+{
+	score_trace *t = ctx;
+
+	if (pos != t->next || pos >= t->n)
+	{
+		t->out_of_order = 1;
+		return;
+	}
+	t->vocab = vocab;
+	memcpy(t->rows + (size_t) pos * vocab, logits, sizeof(float) * (size_t) vocab);
+	t->next++;
+}
+
+static int
+score_run(const char *model, int backend, const int32_t *ids, int n, score_trace *t, g4_err *err)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_model_info mi;
+	int			rc;
+
+	h_options(&o, model);
+	o.backend = backend;
+	o.max_num_seqs = 3;			/* logits in slices of 3 rows */
+	o.max_num_batched_tokens = 16;	/* several chunks, each a step */
+	rc = g4_open(&o, &e, err);
+	if (rc != G4_OK)
+		return rc;
+	g4_model_info_get(e, &mi);
+	memset(t, 0, sizeof(*t));
+	t->n = n;
+	t->rows = malloc(sizeof(float) * (size_t) n * (size_t) mi.vocab_size);
+	rc = t->rows ? g4_score(e, ids, n, 0, score_logits, t, err) : G4_ERR_NOMEM;
+	g4_close(e);
+	return rc;
+}
+
+/* Every position of the "long" golden prompt; bound as for the first
+ * logits of an f32 run (the sum of both backends' bounds). */
+G4_TEST(gpu_model_score_matches_cpu)
+{
+	const g4j  *c;
+	int32_t    *ids;
+	int			n;
+	score_trace gt,
+				ct;
+	g4_err		err;
+	double		bound,
+				worst = 0;
+	int			p;
+
+	NEED_GPU_FIXTURE();
+	c = h_golden_case(&G, "long");
+	ids = h_ints(g4j_get(c, "ids"), &n);
+	bound = 2.0 * (ERR_FACTOR * g4j_get_num(c, "fp32_vs_fp64", 0.0) + ERR_FLOOR);
+	CHECK_OK(score_run(model, G4_BACKEND_CUDA, ids, n, &gt, &err), &err);
+	CHECK_OK(score_run(model, G4_BACKEND_CPU, ids, n, &ct, &err), &err);
+	CHECK_MSG(!gt.out_of_order && !ct.out_of_order && gt.next == n && ct.next == n,
+			  "positions delivered out of order or missing (%d / %d of %d)", gt.next, ct.next, n);
+	for (p = 0; p < n; p++)
+		worst = fmax(worst, h_max_abs_diff(gt.rows + (size_t) p * gt.vocab, ct.rows + (size_t) p * ct.vocab,
+										   ct.vocab, NULL));
+	printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", "score vs cpu", "every position of \"long\", f32 KV",
+		   worst, bound, worst <= bound ? "ok" : "FAIL");
+	CHECK_MSG(worst <= bound, "scored logits differ by %.3g (bound %.3g)", worst, bound);
+	free(gt.rows);
+	free(ct.rows);
+	free(ids);
+	h_golden_free(&G);
 }

@@ -15,8 +15,8 @@ SELECT gemma_generate('Write a poem', max_tokens => 12, system => 'You are a poe
 SELECT gemma_complete('The capital of France is', max_tokens => 12) AS completion;
 
 -- stop strings end the answer before the stop string
-SELECT gemma_generate('Hello world', max_tokens => 16, stop => ARRAY['Group']) AS stopped;
-SELECT strpos(gemma_generate('Hello world', max_tokens => 16), 'Group') > 0 AS stop_string_occurs;
+SELECT gemma_generate('Hello world', max_tokens => 16, stop => ARRAY['delivery']) AS stopped;
+SELECT strpos(gemma_generate('Hello world', max_tokens => 16), 'delivery') > 0 AS stop_string_occurs;
 
 -- sampling: the caller's temperature wins; a seed makes it reproducible
 SELECT gemma_generate('Hello world', max_tokens => 16, temperature => 0.9, seed => 7) AS sampled;
@@ -64,8 +64,8 @@ SELECT gemma_chat('[{"role": "user", "content": "Hello world"}]',
                   '{"max_tokens": 16, "temperature": 0.9, "seed": 7, "top_p": 1, "top_k": 0, "min_p": 0,
                     "repetition_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0}')->>'content' =
        gemma_generate('Hello world', max_tokens => 16, temperature => 0.9, seed => 7) AS options_match_arguments;
-SELECT gemma_chat('[{"role": "user", "content": "Hello world"}]', '{"max_tokens": 16, "stop": "Group"}')->>'content' =
-       gemma_generate('Hello world', max_tokens => 16, stop => ARRAY['Group']) AS stop_option;
+SELECT gemma_chat('[{"role": "user", "content": "Hello world"}]', '{"max_tokens": 16, "stop": "delivery"}')->>'content' =
+       gemma_generate('Hello world', max_tokens => 16, stop => ARRAY['delivery']) AS stop_option;
 SELECT gemma_chat('[{"role": "user", "content": "Hello world"}]', '{"max_tokens": 4, "temperature": null}')->>'content' =
        gemma_generate('Hello world', max_tokens => 4) AS null_option;
 SET gemma4.default_max_tokens = 4;

@@ -2,10 +2,10 @@
  * kv_codec.c — encoding and decoding of one (token, head) slot of the KV
  * pool in each dtype, exactly as laid out in kvformat.h.
  *
- * Rounding rules (the CUDA backend reproduces them bit for bit):
+ * Rounding rules (the CUDA backend uses the same, from kvformat.h):
  *  - bf16: round to nearest even;
- *  - turboquant_k8v4: scale = max|x| / levels rounded to f16 first, then
- *    q = rint(x * (1 / scale)) (round half to even), clamped to the levels.
+ *  - turboquant_k8v4: scale = max|x| / levels rounded to f16 first, then the
+ *    codes of g4_kv_k8_code / g4_kv_v4_code.
  */
 #include <math.h>
 #include <string.h>
@@ -17,26 +17,14 @@ void
 g4_hadamard(float *x, int n)
 {
 	int			len;
-	int			i;
-	float		norm = 1.0f / sqrtf((float) n);
+	int			q;
+	float		norm = g4_hadamard_norm(n);
 
-	/* Sylvester order: butterflies of growing span */
 	for (len = 1; len < n; len <<= 1)
-		for (i = 0; i < n; i += len << 1)
-		{
-			int			j;
-
-			for (j = i; j < i + len; j++)
-			{
-				float		a = x[j];
-				float		b = x[j + len];
-
-				x[j] = a + b;
-				x[j + len] = a - b;
-			}
-		}
-	for (i = 0; i < n; i++)
-		x[i] *= norm;
+		for (q = 0; q < n / 2; q++)
+			g4_hadamard_butterfly(x, len, q);
+	for (q = 0; q < n; q++)
+		x[q] *= norm;
 }
 
 static float
@@ -48,31 +36,6 @@ amax(const float *x, int n)
 	for (i = 0; i < n; i++)
 		m = fmaxf(m, fabsf(x[i]));
 	return m;
-}
-
-/* Quantise n values to signed integers in [-levels, levels]; returns the
- * f16 scale. */
-static uint16_t
-quantize(const float *x, int n, int levels, int8_t *q)
-{
-	uint16_t	s16 = g4_f32_to_f16(amax(x, n) / (float) levels);
-	float		s = g4_f16_to_f32(s16);
-	float		inv = s > 0.0f ? 1.0f / s : 0.0f;
-	int			i;
-
-	for (i = 0; i < n; i++)
-	{
-		float		r = rintf(x[i] * inv);
-
-		if (isnan(r))
-			r = 0.0f;			/* a NaN has no integer: store zero */
-		if (r > (float) levels)
-			r = (float) levels;
-		if (r < (float) -levels)
-			r = (float) -levels;
-		q[i] = (int8_t) r;
-	}
-	return s16;
 }
 
 void
@@ -110,24 +73,23 @@ g4_kv_encode_head(int dtype, int k_eq_v, int hd, uint8_t *blk, int off, const fl
 		}
 		return;
 	}
-	/* turboquant_k8v4 */
+	/* turboquant_k8v4: the key (or, for k_eq_v layers, the plain value) as
+	 * int8 with one scale, the rotated value as 4-bit codes */
 	{
-		int8_t		q[512];
 		float		rot[512];
+		int8_t	   *kq = (int8_t *) blk + (size_t) off * hd;
+		float		inv;
 		uint16_t	s;
 
-		if (k_eq_v)
-		{
-			s = quantize(v, hd, 127, q);
-			memcpy(blk + (size_t) off * hd, q, (size_t) hd);
-			memcpy(blk + g4_kv_tq_kscale_off(hd) + 2 * (size_t) off, &s, 2);
-			return;
-		}
-		memcpy(rot, k, (size_t) hd * sizeof(float));
-		g4_hadamard(rot, hd);
-		s = quantize(rot, hd, 127, q);
-		memcpy(blk + (size_t) off * hd, q, (size_t) hd);
+		memcpy(rot, k_eq_v ? v : k, (size_t) hd * sizeof(float));
+		if (!k_eq_v)
+			g4_hadamard(rot, hd);
+		s = g4_kv_scale(amax(rot, hd), G4_KV_K8_LEVELS, &inv);
+		for (i = 0; i < hd; i++)
+			kq[i] = (int8_t) g4_kv_k8_code(rot[i], inv);
 		memcpy(blk + g4_kv_tq_kscale_off(hd) + 2 * (size_t) off, &s, 2);
+		if (k_eq_v)
+			return;
 
 		memcpy(rot, v, (size_t) hd * sizeof(float));
 		g4_hadamard(rot, hd);
@@ -139,11 +101,11 @@ g4_kv_encode_head(int dtype, int k_eq_v, int hd, uint8_t *blk, int off, const fl
 
 			for (g = 0; g < hd / G; g++)
 			{
-				s = quantize(rot + g * G, G, 7, q + g * G);
+				s = g4_kv_scale(amax(rot + g * G, G), G4_KV_V4_STEPS, &inv);
 				memcpy(vs + 2 * g, &s, 2);
+				for (i = g * G; i < (g + 1) * G; i += 2)
+					vq[i / 2] = (uint8_t) (g4_kv_v4_code(rot[i], inv) | (g4_kv_v4_code(rot[i + 1], inv) << 4));
 			}
-			for (i = 0; i < hd / 2; i++)
-				vq[i] = (uint8_t) ((q[2 * i] + 8) | ((q[2 * i + 1] + 8) << 4));
 		}
 	}
 }
@@ -174,7 +136,7 @@ g4_kv_decode_k(int dtype, int k_eq_v, int hd, const uint8_t *blk, int off, float
 		memcpy(&s16, blk + g4_kv_tq_kscale_off(hd) + 2 * (size_t) off, 2);
 		s = g4_f16_to_f32(s16);
 		for (i = 0; i < hd; i++)
-			k[i] = (float) q[i] * s;
+			k[i] = g4_kv_k8_value(q[i], s);
 	}
 	(void) k_eq_v;
 }
@@ -216,8 +178,8 @@ g4_kv_decode_v(int dtype, int k_eq_v, int hd, const uint8_t *blk, int off, float
 
 			memcpy(&s16, vs + 2 * ((2 * i) / G), 2);
 			s = g4_f16_to_f32(s16);
-			v[2 * i] = (float) ((int) (vq[i] & 15) - 8) * s;
-			v[2 * i + 1] = (float) ((int) (vq[i] >> 4) - 8) * s;
+			v[2 * i] = g4_kv_v4_value(vq[i] & 15, s);
+			v[2 * i + 1] = g4_kv_v4_value(vq[i] >> 4, s);
 		}
 	}
 }
