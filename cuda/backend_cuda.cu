@@ -179,6 +179,7 @@ cu_destroy(g4_backend *be)
 		cudaFree(c->scratch);
 	if (c->counters)
 		cudaFree(c->counters);
+	g4c_lt_free(c);
 	if (c->h_ids)
 		cudaFreeHost(c->h_ids);
 	if (c->d_ids)
@@ -856,6 +857,12 @@ g4_backend_cuda_create(int device, g4_backend **out, g4_err *err)
 	{
 		cudaGetLastError();
 		g4_fail(err, G4_ERR_BACKEND, "cannot start CUDA on device %d: %s", device, cudaGetErrorString(e));
+		cu_destroy(&c->base);
+		return err->code;
+	}
+	if (g4c_lt_init(c) != G4_OK)
+	{
+		g4_fail(err, G4_ERR_BACKEND, "cannot start cuBLASLt on device %d: %s", device, c->err_msg);
 		cu_destroy(&c->base);
 		return err->code;
 	}

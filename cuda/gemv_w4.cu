@@ -1,6 +1,6 @@
 /*
  * gemv_w4.cu — the int4 group-32 matmul for 1 to 16 activation rows (decode
- * and small decode batches; more rows go to the skinny kernel and the gemm
+ * and small decode batches; more rows go to the gemm
  * of matmul.cuh): a tensor-core GEMV over the packed W_I4 layout
  * (cuda_common.cuh) that keeps several k-tiles of weight loads in flight per
  * warp (the best of nine variants measured standalone:

@@ -53,7 +53,7 @@ g4c_pack_bf16(g4_cuda *c, g4_weight *w, const uint16_t *raw, int64_t row0, int64
 int
 g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
-	return packed_matmul<G4C_W_BF16>(c, w, x, n, y);
+	return bf16_matmul(c, w, x, n, y);
 }
 
 __global__ void

@@ -69,7 +69,7 @@ fi
 if has parity; then
 	say "parity (log: parity.log)"
 	G4_TEST_SRCDIR=$ROOT G4_TEST_TMPDIR=$ROOT/build/test-tmp G4_FIXTURE_MODEL=$TINY \
-		timeout 200 "$BIN/run-gpu-tests" gpu_ >"$LOGS/parity.log" 2>&1
+		timeout 300 "$BIN/run-gpu-tests" gpu_ >"$LOGS/parity.log" 2>&1
 	echo "exit $?" >>"$LOGS/parity.log"
 fi
 
