@@ -8,7 +8,7 @@
  * m16n8k16 tile), the n token rows the B operand (n8 tiles), so a step of
  * 1..8 tokens wastes nothing but the unused B columns.  A persistent grid;
  * each warp streams one unit of 16 rows over a range of k-tiles through its
- * own ring of shared-memory slots filled by cp.async (8 int4 / 3 bf16 k-tiles
+ * own ring of shared-memory slots filled by cp.async (3 k-tiles
  * in flight); the block's 8 warps share the activations of the range, staged
  * once in shared memory in fragment order.  K is split
  * into ranges where that balances the blocks; the last block of each unit
@@ -41,33 +41,14 @@
 template <int FMT>
 struct wtile;
 
-/* int4: one 16-byte word group + the two scale words per (unit, k-tile).
- * The skinny kernel streams tiles through a per-warp ring in shared memory
- * filled by cp.async (no register scoreboards: many tiles stay in flight);
- * a slot holds the 512 bytes of codes and the tile's 64 bytes of scales. */
+/* int4: one 16-byte word group + the two scale words per (unit, k-tile),
+ * in registers (the GEMV of gemv_w4.cu loads them; tile_mma consumes them). */
 template <>
 struct wtile<G4C_W_I4>
 {
-	static constexpr int P = 8;	/* k-tiles in flight per warp */
-	static constexpr int SLOT = 512 + 64;
 	uint4		w;
 	uint32_t	s_lo,
 				s_hi;			/* scales of rows g and g+8: {group 0, group 1} */
-
-	static __device__ __forceinline__ void fetch(unsigned char *slot, const uint4 *tiles, const uint32_t *scales,
-												 size_t tile, int lane)
-	{
-		g4c_cp_async16(slot + lane * 16, tiles + tile * 32 + lane, true);
-		if (lane < 4)
-			g4c_cp_async16(slot + 512 + lane * 16, scales + tile * 16 + lane * 4, true);
-	}
-
-	__device__ __forceinline__ void read(const unsigned char *slot, int lane)
-	{
-		w = *reinterpret_cast<const uint4 *>(slot + lane * 16);
-		s_lo = *reinterpret_cast<const uint32_t *>(slot + 512 + (lane >> 2) * 4);
-		s_hi = *reinterpret_cast<const uint32_t *>(slot + 512 + 32 + (lane >> 2) * 4);
-	}
 };
 
 /* bf16: the four k16-step A fragments of a k-tile */
