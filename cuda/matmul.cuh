@@ -2,22 +2,21 @@
  * matmul.cuh — the tensor-core matmul kernels shared by the packed weight
  * formats (W_I4, W_BF16; layouts in cuda_common.cuh): y[n][N] = x[n][K]·Wᵀ.
  *
- * skinny (decode, n <= 16, bf16 weights; int4 weights use its SPLIT staging
+ * skinny (decode, n <= 16, bf16 weights; int4 weights use its staging
  * layout, tile_mma and skinny_item_end in the GEMV of gemv_w4.cu for 1 to
  * 16 rows and the gemm beyond): weights are the A operand (16 output rows per
- * m16n8k16 tile), the n token rows the B operand (n8 tiles), so a step of
- * 1..8 tokens wastes nothing but the unused B columns.  A persistent grid;
- * each warp streams one unit of 16 rows over a range of k-tiles through its
- * own ring of shared-memory slots filled by cp.async (3 k-tiles
+ * m16n8k16 tile), the n token rows the B operand (n8 tiles).  A persistent
+ * grid; each warp streams one unit of 16 rows over a range of k-tiles
+ * through its own ring of shared-memory slots filled by cp.async (3 k-tiles
  * in flight); the block's 8 warps share the activations of the range, staged
- * once in shared memory in fragment order.  K is split
- * into ranges where that balances the blocks; the last block of each unit
- * group (an atomic count) adds the partial sums in a fixed order, so results
- * are deterministic.  Every activation is the sum of two bf16 (hi + lo, residual <= 2^-17
- * relative), placed in adjacent columns of one B tile so that a single MMA
- * forms both products; int4 codes and bf16 weights are exact in bf16, so
- * products carry float32-class error; group scales multiply float32 partial
- * sums.
+ * once in shared memory in fragment order.  K is split into ranges where
+ * that balances the blocks; the last block of each unit group (an atomic
+ * count) adds the partial sums in a fixed order, so results are
+ * deterministic.  Every activation is the sum of two bf16 (hi + lo, residual
+ * <= 2^-17 relative), placed in adjacent columns of one B tile so that a
+ * single MMA forms both products; int4 codes and bf16 weights are exact in
+ * bf16, so products carry float32-class error; group scales multiply
+ * float32 partial sums.
  *
  * gemm (bf16 weights n > 16; int4 weights from 17 rows up to the cuBLASLt
  * threshold of g4c_matmul_i4): 32, 64 or 128 x 256 block tiles, 8 warps of
@@ -156,11 +155,10 @@ skinny_args_init(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 /* Stage activations of k-tiles [kt0, kt0 + kr) in fragment order: entry
  * (step s, n8 tile j, lane) = the B fragment {x[k], x[k+1]}, {x[k+8],
  * x[k+9]} of column g = lane / 4 at k = 64 kt0 + 16 s + 2 (lane % 4).
- * Without SPLIT column g is token 8j + g.  With SPLIT columns 2i and 2i + 1
- * hold the bf16 high and low parts of token 4j + i (x = hi + lo + r, |r| <=
- * 2^-17 |x|): one MMA forms both products, the two output columns are added
- * at the end. */
-template <int NT, bool SPLIT>
+ * Columns 2i and 2i + 1 hold the bf16 high and low parts of token 4j + i
+ * (x = hi + lo + r, |r| <= 2^-17 |x|): one MMA forms both products, the two
+ * output columns are added at the end. */
+template <int NT>
 __device__ __forceinline__ void
 stage_x(const skinny_args &a, int kt0, void *xs)
 {
@@ -172,7 +170,7 @@ stage_x(const skinny_args &a, int kt0, void *xs)
 		int			j = (e >> 5) % NT;
 		int			s = (e >> 5) / NT;
 		int			col = lane >> 2;
-		int			tok = SPLIT ? 4 * j + (col >> 1) : 8 * j + col;
+		int			tok = 4 * j + (col >> 1);
 		int			k = 64 * kt0 + 16 * s + 2 * (lane & 3);
 		float2		v0 = make_float2(0.0f, 0.0f),
 					v1 = make_float2(0.0f, 0.0f);
@@ -186,7 +184,6 @@ stage_x(const skinny_args &a, int kt0, void *xs)
 			if (k + 8 < a.K)
 				v1 = *reinterpret_cast<const float2 *>(row + k + 8);
 		}
-		if (SPLIT)
 		{
 			uint32_t	h0,
 						l0,
@@ -197,8 +194,6 @@ stage_x(const skinny_args &a, int kt0, void *xs)
 			g4c_split_bf16(v1.x, v1.y, &h1, &l1);
 			reinterpret_cast<uint2 *>(xs)[e] = (col & 1) ? make_uint2(l0, l1) : make_uint2(h0, h1);
 		}
-		else
-			reinterpret_cast<uint2 *>(xs)[e] = make_uint2(g4c_pack_bf16(v0.x, v0.y), g4c_pack_bf16(v1.x, v1.y));
 	}
 }
 
@@ -216,7 +211,7 @@ mma_step(float acc[NT][4], const uint32_t a[4], const void *xs, int s, int lane)
 	}
 }
 
-template <int NT, bool SPLIT>
+template <int NT>
 __device__ __forceinline__ void
 tile_mma(float acc[NT][4], const wtile<G4C_W_I4> &t, const void *xs, int kk, int lane)
 {
@@ -254,7 +249,7 @@ tile_mma(float acc[NT][4], const wtile<G4C_W_I4> &t, const void *xs, int kk, int
 	}
 }
 
-template <int NT, bool SPLIT>
+template <int NT>
 __device__ __forceinline__ void
 tile_mma(float acc[NT][4], const wtile<G4C_W_BF16> &t, const void *xs, int kk, int lane)
 {
@@ -271,7 +266,7 @@ tile_mma(float acc[NT][4], const wtile<G4C_W_BF16> &t, const void *xs, int kk, i
  * (+1), to the output or the partial sums of its K range; with K split, the
  * last block to finish a unit group adds its ranges in order.  All threads of
  * the block call it. */
-template <int NT, bool SPLIT>
+template <int NT>
 __device__ __forceinline__ void
 skinny_item_end(const skinny_args &a, int ks, int ug, int u, int lane, float acc[NT][4], bool *last)
 {
@@ -287,11 +282,11 @@ skinny_item_end(const skinny_args &a, int ks, int ug, int u, int lane, float acc
 			for (int e = 0; e < 4; e++)
 			{
 				int			row = 16 * u + g + (e >> 1) * 8;
-				int			tok = SPLIT ? 4 * j + t : 8 * j + 2 * t + (e & 1);
+				int			tok = 4 * j + t;
 
-				/* SPLIT: columns 2t (high parts) and 2t + 1 (low parts) */
-				if (row < a.N && tok < a.n && (!SPLIT || (e & 1) == 0))
-					dst[(size_t) tok * (size_t) a.N + (size_t) row] = SPLIT ? acc[j][e] + acc[j][e + 1] : acc[j][e];
+				/* columns 2t (high parts) and 2t + 1 (low parts) */
+				if (row < a.N && tok < a.n && (e & 1) == 0)
+					dst[(size_t) tok * (size_t) a.N + (size_t) row] = acc[j][e] + acc[j][e + 1];
 			}
 	}
 #pragma unroll
@@ -375,7 +370,7 @@ struct skinny_cursor
 	}
 };
 
-template <int FMT, int NT, bool SPLIT>
+template <int FMT, int NT>
 __global__ void __launch_bounds__(SKINNY_WARPS * 32, NT >= 4 ? 1 : 2)	/* registers: no spills */
 skinny_kernel(skinny_args a)
 {
@@ -432,7 +427,7 @@ skinny_kernel(skinny_args a)
 			if (s < steps && cur.ks != staged)
 			{
 				__syncthreads();
-				stage_x<NT, SPLIT>(a, cur.ks * a.kr, xs);
+				stage_x<NT>(a, cur.ks * a.kr, xs);
 				__syncthreads();
 				staged = cur.ks;
 			}
@@ -443,7 +438,7 @@ skinny_kernel(skinny_args a)
 				wtile<FMT>	t;
 
 				t.read(ring + q * SLOT, lane);
-				tile_mma<NT, SPLIT>(acc, t, xs, cur.kk, lane);
+				tile_mma<NT>(acc, t, xs, cur.kk, lane);
 			}
 			__syncwarp();		/* the slot is read before it is refilled */
 			if (s + P < steps)
@@ -456,7 +451,7 @@ skinny_kernel(skinny_args a)
 			if (s < steps)
 			{
 				if (cur.kk == a.kr - 1)
-					skinny_item_end<NT, SPLIT>(a, cur.ks, cur.item - cur.ks * a.n_ug, cur.u, lane, acc, &last);
+					skinny_item_end<NT>(a, cur.ks, cur.item - cur.ks * a.n_ug, cur.u, lane, acc, &last);
 				cur.next(a, warp);
 			}
 		}
@@ -465,24 +460,24 @@ skinny_kernel(skinny_args a)
 }
 
 /* Blocks of the skinny kernel one SM holds with `smem` bytes staged. */
-template <int FMT, int NT, bool SPLIT>
+template <int FMT, int NT>
 static int
 skinny_occupancy(g4_cuda *c, int smem)
 {
-	static int	cached_smem[2][9][2],
-				cached[2][9][2];
-	int		   *cs = &cached_smem[FMT][NT][SPLIT];
-	int		   *cv = &cached[FMT][NT][SPLIT];
+	static int	cached_smem[2][9],
+				cached[2][9];
+	int		   *cs = &cached_smem[FMT][NT];
+	int		   *cv = &cached[FMT][NT];
 
 	if (*cs != smem)
 	{
 		int			blocks = 0;
 
 		if (smem > 48 * 1024 &&
-			cudaFuncSetAttribute(skinny_kernel<FMT, NT, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+			cudaFuncSetAttribute(skinny_kernel<FMT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 								 skinny_ring_bytes<FMT>() + skinny_xs_max(NT)) != cudaSuccess)
 			return 0;
-		if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, skinny_kernel<FMT, NT, SPLIT>, SKINNY_WARPS * 32,
+		if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, skinny_kernel<FMT, NT>, SKINNY_WARPS * 32,
 														  smem) != cudaSuccess)
 			return 0;
 		*cs = smem;
@@ -491,7 +486,7 @@ skinny_occupancy(g4_cuda *c, int smem)
 	return *cv;
 }
 
-template <int FMT, int NT, bool SPLIT>
+template <int FMT, int NT>
 int
 skinny_run(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
@@ -517,7 +512,7 @@ skinny_run(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 
 		if (KT % ks != 0 || kr * per_kt > skinny_xs_max(NT))
 			continue;
-		occ = skinny_occupancy<FMT, NT, SPLIT>(c, skinny_ring_bytes<FMT>() + kr * per_kt);
+		occ = skinny_occupancy<FMT, NT>(c, skinny_ring_bytes<FMT>() + kr * per_kt);
 		if (occ <= 0)
 			continue;
 		items = n_ug * ks;
@@ -538,7 +533,7 @@ skinny_run(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 		return G4_ERR_UNSUPPORTED;
 	if (skinny_args_init(c, w, x, n, y, ksplit, KT / ksplit, (n_ug * ksplit + ctas - 1) / ctas, &a) != G4_OK)
 		return c->err_code;
-	return g4c_launch(c, "matmul (skinny)", skinny_kernel<FMT, NT, SPLIT>,
+	return g4c_launch(c, "matmul (skinny)", skinny_kernel<FMT, NT>,
 					  dim3((n_ug * ksplit + a.per_cta - 1) / a.per_cta), dim3(SKINNY_WARPS * 32),
 					  (size_t) (skinny_ring_bytes<FMT>() + a.kr * per_kt), a);
 }
@@ -549,10 +544,10 @@ int
 skinny_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
 	if (n <= 4)
-		return skinny_run<FMT, 1, true>(c, w, x, n, y);
+		return skinny_run<FMT, 1>(c, w, x, n, y);
 	if (n <= 8)
-		return skinny_run<FMT, 2, true>(c, w, x, n, y);
-	return skinny_run<FMT, 4, true>(c, w, x, n, y);
+		return skinny_run<FMT, 2>(c, w, x, n, y);
+	return skinny_run<FMT, 4>(c, w, x, n, y);
 }
 
 /* ---- gemm ---------------------------------------------------------------------- */
@@ -971,22 +966,6 @@ gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 						  (const float *) a.y, ksplit, count, y);
 	}
 	return G4_OK;
-}
-
-/* bf16 weights by row count: skinny up to 16 rows (split activations,
- * float32-class), the gemm beyond with 32, 64 or 128 token rows per block. */
-static inline int
-bf16_matmul(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
-{
-	if (n <= 0)
-		return G4_OK;
-	if (n <= 16)
-		return skinny_launch<G4C_W_BF16>(c, w, x, n, y);
-	if (n <= 32)
-		return gemm_launch<G4C_W_BF16, 2>(c, w, x, n, y);
-	if (n <= 64)
-		return gemm_launch<G4C_W_BF16, 4>(c, w, x, n, y);
-	return gemm_launch<G4C_W_BF16, 8>(c, w, x, n, y);
 }
 
 #endif
