@@ -482,40 +482,27 @@ G4_TEST(gpu_matmul_int4)
 		matmul_case(G4_W_I4G32, 3, small, 64, 7);
 		matmul_case(G4_W_I4G32, 3, small, 64, 139);
 	}
-	/* The 12B decode shapes at 1 to 16 rows (K split over blocks), and a wide
-	 * one, its rows and columns both padded, whose K stays unsplit up to 8
-	 * rows (282 unit groups: two splits are more blocks than the H200 holds
-	 * at once) and for which no split is all resident at once at 9 to 16
-	 * rows (the GEMV's other split rule).  One weight each, the row counts
-	 * in turn: the gate_up case's |W| copy (~470 MB) is built once. */
+	/* The 12B decode shapes at 1 to 16 rows (the GEMV, K split over blocks)
+	 * and 17 to 256 (each block size of the gemm, K split), and a wide one,
+	 * its rows and columns both padded, whose K stays unsplit up to 8 rows
+	 * (282 unit groups: two splits are more blocks than the H200 holds at
+	 * once) and for which no split is all resident at once at 9 to 16 rows
+	 * (the GEMV's other split rule).  One weight each, the row counts in
+	 * turn: the gate_up case's |W| copy (~470 MB) is built once. */
 	{
+		static const int decode_ns[] = {1, 2, 3, 4, 5, 8, 11, 12, 16, 17, 32, 33, 64, 65, 128, 256};
+		static const int gu_ns[] = {1, 2, 3, 4, 5, 8, 11, 12, 16, 64, 256};
 		int64_t		qkv[] = {4096, 1024, 1024};
 		int64_t		gate_up[] = {15360, 15360};
 		int64_t		down[] = {3840};
 		int64_t		o[] = {3840};
 		int64_t		wide[] = {36008};
 
-		matmul_cases(G4_W_I4G32, 3, qkv, 3840, gemv_ns, G4_ARRAY_LEN(gemv_ns));
-		matmul_cases(G4_W_I4G32, 2, gate_up, 3840, gemv_ns, G4_ARRAY_LEN(gemv_ns));
-		matmul_cases(G4_W_I4G32, 1, down, 15360, gemv_ns, G4_ARRAY_LEN(gemv_ns));
-		matmul_cases(G4_W_I4G32, 1, o, 4096, gemv_ns, G4_ARRAY_LEN(gemv_ns));
-		matmul_cases(G4_W_I4G32, 1, wide, 672, gemv_ns, G4_ARRAY_LEN(gemv_ns));
-	}
-	/* Batched decode: the 12B shapes at 17 to 256 rows, each block size of
-	 * the gemm with its K split (gate_up at two counts: its |W| copy is
-	 * large) */
-	{
-		static const int batch_ns[] = {17, 32, 33, 64, 65, 128, 256};
-		static const int gu_ns[] = {64, 256};
-		int64_t		qkv[] = {4096, 1024, 1024};
-		int64_t		gate_up[] = {15360, 15360};
-		int64_t		down[] = {3840};
-		int64_t		o[] = {3840};
-
-		matmul_cases(G4_W_I4G32, 3, qkv, 3840, batch_ns, G4_ARRAY_LEN(batch_ns));
-		matmul_cases(G4_W_I4G32, 1, o, 4096, batch_ns, G4_ARRAY_LEN(batch_ns));
-		matmul_cases(G4_W_I4G32, 1, down, 15360, batch_ns, G4_ARRAY_LEN(batch_ns));
+		matmul_cases(G4_W_I4G32, 3, qkv, 3840, decode_ns, G4_ARRAY_LEN(decode_ns));
 		matmul_cases(G4_W_I4G32, 2, gate_up, 3840, gu_ns, G4_ARRAY_LEN(gu_ns));
+		matmul_cases(G4_W_I4G32, 1, down, 15360, decode_ns, G4_ARRAY_LEN(decode_ns));
+		matmul_cases(G4_W_I4G32, 1, o, 4096, decode_ns, G4_ARRAY_LEN(decode_ns));
+		matmul_cases(G4_W_I4G32, 1, wide, 672, gemv_ns, G4_ARRAY_LEN(gemv_ns));
 	}
 	/* The cuBLASLt path: by row count (520), and forced (G4_MATMUL_I4=lt)
 	 * at counts the gemm serves, incl. a half-padded last k-tile */
