@@ -179,6 +179,7 @@ cu_destroy(g4_backend *be)
 		cudaFree(c->scratch);
 	if (c->counters)
 		cudaFree(c->counters);
+	g4c_lt_free(c);
 	if (c->h_ids)
 		cudaFreeHost(c->h_ids);
 	if (c->d_ids)
@@ -767,36 +768,36 @@ cu_sync(g4_backend *be, g4_err *err)
 /* ---- the table -------------------------------------------------------------------- */
 
 static const g4_backend_ops cuda_ops = {
-	"cuda",
-	cu_destroy,
-	cu_device_info,
-	cu_alloc,
-	cu_free,
-	cu_upload,
-	cu_download,
-	cu_fill,
-	cu_weight_create,
-	cu_weight_destroy,
-	cu_weight_bytes,
-	cu_kv_configure,
-	cu_step_begin,
-	g4c_embed,
-	g4c_matmul,
-	g4c_rmsnorm,
-	g4c_head_norm_rope,
-	g4c_kv_store,
-	g4c_attention,
-	g4c_geglu,
-	g4c_add_rmsnorm,
-	g4c_gather_logit_rows,
-	g4c_softcap,
-	cu_sync,
-	cu_graph_begin,
-	cu_graph_end,
-	g4c_sample,
-	g4c_layernorm,
-	g4c_add_bias,
-	g4c_add_pos2d,
+	.name = "cuda",
+	.destroy = cu_destroy,
+	.device_info = cu_device_info,
+	.alloc = cu_alloc,
+	.free = cu_free,
+	.upload = cu_upload,
+	.download = cu_download,
+	.fill = cu_fill,
+	.weight_create = cu_weight_create,
+	.weight_destroy = cu_weight_destroy,
+	.weight_bytes = cu_weight_bytes,
+	.kv_configure = cu_kv_configure,
+	.step_begin = cu_step_begin,
+	.embed = g4c_embed,
+	.matmul = g4c_matmul,
+	.rmsnorm = g4c_rmsnorm,
+	.head_norm_rope = g4c_head_norm_rope,
+	.kv_store = g4c_kv_store,
+	.attention = g4c_attention,
+	.geglu = g4c_geglu,
+	.add_rmsnorm = g4c_add_rmsnorm,
+	.gather_logit_rows = g4c_gather_logit_rows,
+	.softcap = g4c_softcap,
+	.sync = cu_sync,
+	.graph_begin = cu_graph_begin,
+	.graph_end = cu_graph_end,
+	.sample = g4c_sample,
+	.layernorm = g4c_layernorm,
+	.add_bias = g4c_add_bias,
+	.add_pos2d = g4c_add_pos2d,
 };
 
 extern "C" int
@@ -859,6 +860,12 @@ g4_backend_cuda_create(int device, g4_backend **out, g4_err *err)
 	{
 		cudaGetLastError();
 		g4_fail(err, G4_ERR_BACKEND, "cannot start CUDA on device %d: %s", device, cudaGetErrorString(e));
+		cu_destroy(&c->base);
+		return err->code;
+	}
+	if (g4c_lt_init(c) != G4_OK)
+	{
+		g4_fail(err, G4_ERR_BACKEND, "cannot start cuBLASLt on device %d: %s", device, c->err_msg);
 		cu_destroy(&c->base);
 		return err->code;
 	}

@@ -118,6 +118,10 @@ typedef struct
 	unsigned   *counters;		/* zeroed; merging blocks reset what they use */
 	size_t		counters_n;
 
+	/* cuBLASLt (matmul_lt.cu): handle and workspace */
+	void	   *lt;
+	void	   *lt_ws;
+
 	/* step graphs */
 	g4c_graph	graphs[G4C_MAX_GRAPHS];
 	uint64_t	graph_clock;
@@ -430,6 +434,10 @@ int			g4c_gemv_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *
 /* matmul_w4.cu / matmul_dense.cu */
 int			g4c_matmul(g4_backend *be, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
+/* matmul_lt.cu */
+int			g4c_lt_init(g4_cuda *c);
+void		g4c_lt_free(g4_cuda *c);
+int			g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_f32(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 /* pack kernels (matmul_w4.cu / matmul_dense.cu): raw device rows [rows][in]

@@ -1,6 +1,6 @@
 /*
  * gemv_w4.cu — the int4 group-32 matmul for 1 to 16 activation rows (decode
- * and small decode batches; more rows go to the skinny kernel and the gemm
+ * and small decode batches; more rows go to the gemm
  * of matmul.cuh): a tensor-core GEMV over the packed W_I4 layout
  * (cuda_common.cuh) that keeps several k-tiles of weight loads in flight per
  * warp (the best of nine variants measured standalone:
@@ -28,12 +28,12 @@
  *    atomics;
  *  - the rows' activations are staged once per block, for the block's K
  *    range, in shared memory as the B fragments of NT n8 tiles, 4 rows per
- *    tile, in the layout of the skinny kernel's SPLIT mode: row r's bf16
+ *    tile, in the layout of the skinny kernel: row r's bf16
  *    high part in column 2 (r % 4) and its low part in column 2 (r % 4) + 1
  *    of tile r / 4 (x = hi + lo + e, |e| <= 2^-17 |x|), columns of absent
  *    rows zero.  One MMA per tile forms both products of its rows exactly
  *    (codes are exact in bf16), and y[r] = C[2 (r % 4)] + C[2 (r % 4) + 1]
- *    of tile r / 4: float32-class sums, as the skinny kernel's SPLIT mode;
+ *    of tile r / 4: float32-class sums, as the skinny kernel;
  *  - NT = 1 tile serves 1 to 4 rows, 2 tiles 5 to 8, 4 tiles 9 to 16
  *    (gemv_run instantiations).  Every NT streams the same weight bytes with
  *    the same loads; a k16 step costs NT MMAs, the accumulators grow NT
@@ -116,12 +116,12 @@ gemv_consume(const wtile<G4C_W_I4> b[GEMV_U], float acc[GEMV_U][NT][4], const vo
 #pragma unroll
 	for (int j = 0; j < GEMV_U; j++)
 		if (i + j < nt)
-			tile_mma<NT, true>(acc[j], b[j], xs, i + j, lane);
+			tile_mma<NT>(acc[j], b[j], xs, i + j, lane);
 }
 
 /*
  * The activations of k-tiles [kt0, kt0 + nk) as the B fragments of NT n8
- * tiles, in the layout stage_x<NT, true> (matmul.cuh) writes: entry (k16
+ * tiles, in the layout stage_x<NT> (matmul.cuh) writes: entry (k16
  * step s, tile q, lane 4c + t), at 32 (NT s + q) + 4c + t, = {x[k], x[k+1]},
  * {x[k+8], x[k+9]} of column c at k = 64 kt0 + 16 s + 2 t.  Row r is in tile
  * q = r / 4, its bf16 high parts in column c = 2 (r % 4), its low parts in
@@ -254,7 +254,7 @@ gemv_i4_kernel(skinny_args a)
 
 		/* lane (g, t) holds rows g and g + 8 of activation row 4q + t in
 		 * tile q: C[2t] (high parts) + C[2t + 1] (low parts) */
-		skinny_item_end<NT, true>(a, b / a.n_ug, bug, bug * SKINNY_WARPS + warp, lane, sum, &last);
+		skinny_item_end<NT>(a, b / a.n_ug, bug, bug * SKINNY_WARPS + warp, lane, sum, &last);
 	}
 }
 

@@ -2,26 +2,27 @@
  * matmul.cuh — the tensor-core matmul kernels shared by the packed weight
  * formats (W_I4, W_BF16; layouts in cuda_common.cuh): y[n][N] = x[n][K]·Wᵀ.
  *
- * skinny (decode, n <= 64; for int4 weights 17 to 64 rows: 1 to 16 go to the
- * GEMV of gemv_w4.cu, which reuses its SPLIT staging layout, tile_mma and
- * skinny_item_end): weights are the A operand (16 output rows per
- * m16n8k16 tile), the n token rows the B operand (n8 tiles), so a step of
- * 1..8 tokens wastes nothing but the unused B columns.  A persistent grid;
- * each warp streams one unit of 16 rows over a range of k-tiles through its
- * own ring of shared-memory slots filled by cp.async (8 int4 / 3 bf16 k-tiles
+ * skinny (decode, n <= 16, bf16 weights; int4 weights use its staging
+ * layout, tile_mma and skinny_item_end in the GEMV of gemv_w4.cu for 1 to
+ * 16 rows and the gemm beyond): weights are the A operand (16 output rows per
+ * m16n8k16 tile), the n token rows the B operand (n8 tiles).  A persistent
+ * grid; each warp streams one unit of 16 rows over a range of k-tiles
+ * through its own ring of shared-memory slots filled by cp.async (3 k-tiles
  * in flight); the block's 8 warps share the activations of the range, staged
- * once in shared memory in fragment order.  K is split
- * into ranges where that balances the blocks; the last block of each unit
- * group (an atomic count) adds the partial sums in a fixed order, so results
- * are deterministic.  With SPLIT (n <= 16)
- * every activation is the sum of two bf16 (hi + lo, residual <= 2^-17
- * relative), placed in adjacent columns of one B tile so that a single MMA
- * forms both products; int4 codes and bf16 weights are exact in bf16, so
- * products carry float32-class error; group scales multiply float32 partial
- * sums.
+ * once in shared memory in fragment order.  K is split into ranges where
+ * that balances the blocks; the last block of each unit group (an atomic
+ * count) adds the partial sums in a fixed order, so results are
+ * deterministic.  Every activation is the sum of two bf16 (hi + lo, residual
+ * <= 2^-17 relative), placed in adjacent columns of one B tile so that a
+ * single MMA forms both products; int4 codes and bf16 weights are exact in
+ * bf16, so products carry float32-class error; group scales multiply
+ * float32 partial sums.
  *
- * gemm (prefill, n > 64): 128 x 256 block tiles, 8 warps of 128 x 32, k-tiles
- * of 64 through a 4-stage (I4) / 3-stage (BF16) cp.async pipeline;
+ * gemm (bf16 weights n > 16; int4 weights from 17 rows up to the cuBLASLt
+ * threshold of g4c_matmul_i4): 32, 64 or 128 x 256 block tiles, 8 warps of
+ * (32, 64 or 128) x 32, K split over blocks where the tiles alone would
+ * leave SMs idle, k-tiles of 64 through a 4-stage (I4) / 3-stage (BF16)
+ * cp.async pipeline;
  * activations converted once to bf16, A fragments by ldmatrix from an
  * XOR-swizzled tile, int4 weights dequantised in registers to bf16 with the
  * group scale folded in (one rounding).  Products of bf16-rounded operands,
@@ -39,33 +40,14 @@
 template <int FMT>
 struct wtile;
 
-/* int4: one 16-byte word group + the two scale words per (unit, k-tile).
- * The skinny kernel streams tiles through a per-warp ring in shared memory
- * filled by cp.async (no register scoreboards: many tiles stay in flight);
- * a slot holds the 512 bytes of codes and the tile's 64 bytes of scales. */
+/* int4: one 16-byte word group + the two scale words per (unit, k-tile),
+ * in registers (the GEMV of gemv_w4.cu loads them; tile_mma consumes them). */
 template <>
 struct wtile<G4C_W_I4>
 {
-	static constexpr int P = 8;	/* k-tiles in flight per warp */
-	static constexpr int SLOT = 512 + 64;
 	uint4		w;
 	uint32_t	s_lo,
 				s_hi;			/* scales of rows g and g+8: {group 0, group 1} */
-
-	static __device__ __forceinline__ void fetch(unsigned char *slot, const uint4 *tiles, const uint32_t *scales,
-												 size_t tile, int lane)
-	{
-		g4c_cp_async16(slot + lane * 16, tiles + tile * 32 + lane, true);
-		if (lane < 4)
-			g4c_cp_async16(slot + 512 + lane * 16, scales + tile * 16 + lane * 4, true);
-	}
-
-	__device__ __forceinline__ void read(const unsigned char *slot, int lane)
-	{
-		w = *reinterpret_cast<const uint4 *>(slot + lane * 16);
-		s_lo = *reinterpret_cast<const uint32_t *>(slot + 512 + (lane >> 2) * 4);
-		s_hi = *reinterpret_cast<const uint32_t *>(slot + 512 + 32 + (lane >> 2) * 4);
-	}
 };
 
 /* bf16: the four k16-step A fragments of a k-tile */
@@ -173,11 +155,10 @@ skinny_args_init(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 /* Stage activations of k-tiles [kt0, kt0 + kr) in fragment order: entry
  * (step s, n8 tile j, lane) = the B fragment {x[k], x[k+1]}, {x[k+8],
  * x[k+9]} of column g = lane / 4 at k = 64 kt0 + 16 s + 2 (lane % 4).
- * Without SPLIT column g is token 8j + g.  With SPLIT columns 2i and 2i + 1
- * hold the bf16 high and low parts of token 4j + i (x = hi + lo + r, |r| <=
- * 2^-17 |x|): one MMA forms both products, the two output columns are added
- * at the end. */
-template <int NT, bool SPLIT>
+ * Columns 2i and 2i + 1 hold the bf16 high and low parts of token 4j + i
+ * (x = hi + lo + r, |r| <= 2^-17 |x|): one MMA forms both products, the two
+ * output columns are added at the end. */
+template <int NT>
 __device__ __forceinline__ void
 stage_x(const skinny_args &a, int kt0, void *xs)
 {
@@ -189,7 +170,7 @@ stage_x(const skinny_args &a, int kt0, void *xs)
 		int			j = (e >> 5) % NT;
 		int			s = (e >> 5) / NT;
 		int			col = lane >> 2;
-		int			tok = SPLIT ? 4 * j + (col >> 1) : 8 * j + col;
+		int			tok = 4 * j + (col >> 1);
 		int			k = 64 * kt0 + 16 * s + 2 * (lane & 3);
 		float2		v0 = make_float2(0.0f, 0.0f),
 					v1 = make_float2(0.0f, 0.0f);
@@ -203,7 +184,6 @@ stage_x(const skinny_args &a, int kt0, void *xs)
 			if (k + 8 < a.K)
 				v1 = *reinterpret_cast<const float2 *>(row + k + 8);
 		}
-		if (SPLIT)
 		{
 			uint32_t	h0,
 						l0,
@@ -214,8 +194,6 @@ stage_x(const skinny_args &a, int kt0, void *xs)
 			g4c_split_bf16(v1.x, v1.y, &h1, &l1);
 			reinterpret_cast<uint2 *>(xs)[e] = (col & 1) ? make_uint2(l0, l1) : make_uint2(h0, h1);
 		}
-		else
-			reinterpret_cast<uint2 *>(xs)[e] = make_uint2(g4c_pack_bf16(v0.x, v0.y), g4c_pack_bf16(v1.x, v1.y));
 	}
 }
 
@@ -233,7 +211,7 @@ mma_step(float acc[NT][4], const uint32_t a[4], const void *xs, int s, int lane)
 	}
 }
 
-template <int NT, bool SPLIT>
+template <int NT>
 __device__ __forceinline__ void
 tile_mma(float acc[NT][4], const wtile<G4C_W_I4> &t, const void *xs, int kk, int lane)
 {
@@ -271,7 +249,7 @@ tile_mma(float acc[NT][4], const wtile<G4C_W_I4> &t, const void *xs, int kk, int
 	}
 }
 
-template <int NT, bool SPLIT>
+template <int NT>
 __device__ __forceinline__ void
 tile_mma(float acc[NT][4], const wtile<G4C_W_BF16> &t, const void *xs, int kk, int lane)
 {
@@ -288,7 +266,7 @@ tile_mma(float acc[NT][4], const wtile<G4C_W_BF16> &t, const void *xs, int kk, i
  * (+1), to the output or the partial sums of its K range; with K split, the
  * last block to finish a unit group adds its ranges in order.  All threads of
  * the block call it. */
-template <int NT, bool SPLIT>
+template <int NT>
 __device__ __forceinline__ void
 skinny_item_end(const skinny_args &a, int ks, int ug, int u, int lane, float acc[NT][4], bool *last)
 {
@@ -304,11 +282,11 @@ skinny_item_end(const skinny_args &a, int ks, int ug, int u, int lane, float acc
 			for (int e = 0; e < 4; e++)
 			{
 				int			row = 16 * u + g + (e >> 1) * 8;
-				int			tok = SPLIT ? 4 * j + t : 8 * j + 2 * t + (e & 1);
+				int			tok = 4 * j + t;
 
-				/* SPLIT: columns 2t (high parts) and 2t + 1 (low parts) */
-				if (row < a.N && tok < a.n && (!SPLIT || (e & 1) == 0))
-					dst[(size_t) tok * (size_t) a.N + (size_t) row] = SPLIT ? acc[j][e] + acc[j][e + 1] : acc[j][e];
+				/* columns 2t (high parts) and 2t + 1 (low parts) */
+				if (row < a.N && tok < a.n && (e & 1) == 0)
+					dst[(size_t) tok * (size_t) a.N + (size_t) row] = acc[j][e] + acc[j][e + 1];
 			}
 	}
 #pragma unroll
@@ -392,7 +370,7 @@ struct skinny_cursor
 	}
 };
 
-template <int FMT, int NT, bool SPLIT>
+template <int FMT, int NT>
 __global__ void __launch_bounds__(SKINNY_WARPS * 32, NT >= 4 ? 1 : 2)	/* registers: no spills */
 skinny_kernel(skinny_args a)
 {
@@ -449,7 +427,7 @@ skinny_kernel(skinny_args a)
 			if (s < steps && cur.ks != staged)
 			{
 				__syncthreads();
-				stage_x<NT, SPLIT>(a, cur.ks * a.kr, xs);
+				stage_x<NT>(a, cur.ks * a.kr, xs);
 				__syncthreads();
 				staged = cur.ks;
 			}
@@ -460,7 +438,7 @@ skinny_kernel(skinny_args a)
 				wtile<FMT>	t;
 
 				t.read(ring + q * SLOT, lane);
-				tile_mma<NT, SPLIT>(acc, t, xs, cur.kk, lane);
+				tile_mma<NT>(acc, t, xs, cur.kk, lane);
 			}
 			__syncwarp();		/* the slot is read before it is refilled */
 			if (s + P < steps)
@@ -473,7 +451,7 @@ skinny_kernel(skinny_args a)
 			if (s < steps)
 			{
 				if (cur.kk == a.kr - 1)
-					skinny_item_end<NT, SPLIT>(a, cur.ks, cur.item - cur.ks * a.n_ug, cur.u, lane, acc, &last);
+					skinny_item_end<NT>(a, cur.ks, cur.item - cur.ks * a.n_ug, cur.u, lane, acc, &last);
 				cur.next(a, warp);
 			}
 		}
@@ -482,24 +460,24 @@ skinny_kernel(skinny_args a)
 }
 
 /* Blocks of the skinny kernel one SM holds with `smem` bytes staged. */
-template <int FMT, int NT, bool SPLIT>
+template <int FMT, int NT>
 static int
 skinny_occupancy(g4_cuda *c, int smem)
 {
-	static int	cached_smem[2][9][2],
-				cached[2][9][2];
-	int		   *cs = &cached_smem[FMT][NT][SPLIT];
-	int		   *cv = &cached[FMT][NT][SPLIT];
+	static int	cached_smem[2][9],
+				cached[2][9];
+	int		   *cs = &cached_smem[FMT][NT];
+	int		   *cv = &cached[FMT][NT];
 
 	if (*cs != smem)
 	{
 		int			blocks = 0;
 
 		if (smem > 48 * 1024 &&
-			cudaFuncSetAttribute(skinny_kernel<FMT, NT, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+			cudaFuncSetAttribute(skinny_kernel<FMT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 								 skinny_ring_bytes<FMT>() + skinny_xs_max(NT)) != cudaSuccess)
 			return 0;
-		if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, skinny_kernel<FMT, NT, SPLIT>, SKINNY_WARPS * 32,
+		if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, skinny_kernel<FMT, NT>, SKINNY_WARPS * 32,
 														  smem) != cudaSuccess)
 			return 0;
 		*cs = smem;
@@ -508,7 +486,7 @@ skinny_occupancy(g4_cuda *c, int smem)
 	return *cv;
 }
 
-template <int FMT, int NT, bool SPLIT>
+template <int FMT, int NT>
 int
 skinny_run(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
@@ -534,7 +512,7 @@ skinny_run(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 
 		if (KT % ks != 0 || kr * per_kt > skinny_xs_max(NT))
 			continue;
-		occ = skinny_occupancy<FMT, NT, SPLIT>(c, skinny_ring_bytes<FMT>() + kr * per_kt);
+		occ = skinny_occupancy<FMT, NT>(c, skinny_ring_bytes<FMT>() + kr * per_kt);
 		if (occ <= 0)
 			continue;
 		items = n_ug * ks;
@@ -555,31 +533,33 @@ skinny_run(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 		return G4_ERR_UNSUPPORTED;
 	if (skinny_args_init(c, w, x, n, y, ksplit, KT / ksplit, (n_ug * ksplit + ctas - 1) / ctas, &a) != G4_OK)
 		return c->err_code;
-	return g4c_launch(c, "matmul (skinny)", skinny_kernel<FMT, NT, SPLIT>,
+	return g4c_launch(c, "matmul (skinny)", skinny_kernel<FMT, NT>,
 					  dim3((n_ug * ksplit + a.per_cta - 1) / a.per_cta), dim3(SKINNY_WARPS * 32),
 					  (size_t) (skinny_ring_bytes<FMT>() + a.kr * per_kt), a);
 }
 
-/* n <= 64 token rows: split activations up to 16 rows (4 per n8 tile),
- * plain bf16 beyond (8 per n8 tile). */
+/* n <= 16 token rows, split activations (4 per n8 tile). */
 template <int FMT>
 int
 skinny_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
 	if (n <= 4)
-		return skinny_run<FMT, 1, true>(c, w, x, n, y);
+		return skinny_run<FMT, 1>(c, w, x, n, y);
 	if (n <= 8)
-		return skinny_run<FMT, 2, true>(c, w, x, n, y);
-	if (n <= 16)
-		return skinny_run<FMT, 4, true>(c, w, x, n, y);
-	if (n <= 32)
-		return skinny_run<FMT, 4, false>(c, w, x, n, y);
-	return skinny_run<FMT, 8, false>(c, w, x, n, y);
+		return skinny_run<FMT, 2>(c, w, x, n, y);
+	return skinny_run<FMT, 4>(c, w, x, n, y);
 }
 
 /* ---- gemm ---------------------------------------------------------------------- */
 
-#define GEMM_BM 128
+/* Block tile: GEMM_BM(MI) token rows x GEMM_BN weight rows; 8 warps side by
+ * side, each owning all the block's token rows and 32 weight rows (2 units),
+ * so every dequantised B fragment feeds MI x 4 MMAs.  MI = 8 (128 token rows)
+ * for prefill; 2 and 4 (32 and 64 rows) for batched decode, where the token
+ * rows are few and the weights must stream near bandwidth: there the grid
+ * also splits K so that every SM has blocks (partial sums added in a fixed
+ * order by gemm_reduce_kernel, so results stay deterministic). */
+#define GEMM_BM(MI) (16 * (MI))
 #define GEMM_BN 256
 #define GEMM_THREADS 256
 
@@ -600,13 +580,13 @@ struct gemm_cfg<G4C_W_BF16>
 	static constexpr int B_BYTES = (GEMM_BN / 16) * 2048;
 };
 
-#define GEMM_A_BYTES (GEMM_BM * 64 * 2)
+#define GEMM_A_BYTES(MI) (GEMM_BM(MI) * 64 * 2)
 
-template <int FMT>
+template <int FMT, int MI>
 constexpr int
 gemm_smem_bytes(void)
 {
-	return gemm_cfg<FMT>::STAGES * (GEMM_A_BYTES + gemm_cfg<FMT>::B_BYTES);
+	return gemm_cfg<FMT>::STAGES * (GEMM_A_BYTES(MI) + gemm_cfg<FMT>::B_BYTES);
 }
 
 struct gemm_args
@@ -618,20 +598,21 @@ struct gemm_args
 	int			N;
 	int			KT;
 	int			U;
-	float	   *y;
+	int			kr;				/* k-tiles per K range (blockIdx.z) */
+	float	   *y;				/* [n][N], or the partial sums [ksplit][n][N] */
 };
 
 /* Issue the cp.async copies of k-tile kt into one stage. */
-template <int FMT>
+template <int FMT, int MI>
 __device__ __forceinline__ void
 gemm_load_stage(const gemm_args &a, unsigned char *stage, int m0, int u0, int kt)
 {
 	uint16_t   *As = reinterpret_cast<uint16_t *>(stage);
-	unsigned char *Bs = stage + GEMM_A_BYTES;
+	unsigned char *Bs = stage + GEMM_A_BYTES(MI);
 	size_t		Kp = (size_t) a.KT * 64;
 
-	/* A: 128 rows x 8 chunks of 16 bytes, swizzled by row */
-	for (int i = threadIdx.x; i < GEMM_BM * 8; i += GEMM_THREADS)
+	/* A: BM rows x 8 chunks of 16 bytes, swizzled by row */
+	for (int i = threadIdx.x; i < GEMM_BM(MI) * 8; i += GEMM_THREADS)
 	{
 		int			r = i >> 3,
 					ch = i & 7;
@@ -755,25 +736,87 @@ struct gemm_b<G4C_W_BF16>
 	}
 };
 
-/* 8 warps side by side: each owns all 128 rows of the block tile and 32
- * columns (2 units), so every dequantised B fragment feeds 8 MMAs */
-template <int FMT>
-__global__ void __launch_bounds__(GEMM_THREADS, 1)
+/* One k-tile of the block's product: 4 k16 steps, each one dequantised B
+ * operand per warp against the MI A fragments of the block's token rows. */
+template <int FMT, int MI>
+__device__ __forceinline__ void
+gemm_ktile(float acc[MI][4][4], const unsigned char *stage, int wn, int lane)
+{
+	const uint16_t *As = reinterpret_cast<const uint16_t *>(stage);
+	gemm_b<FMT> bw;
+
+	bw.load(stage + GEMM_A_BYTES(MI), wn, lane);
+#pragma unroll
+	for (int s = 0; s < 4; s++)
+	{
+		uint32_t	bf[4][2];
+
+		bw.frags(stage + GEMM_A_BYTES(MI), wn, s, lane, bf);
+#pragma unroll
+		for (int i = 0; i < MI; i++)
+		{
+			uint32_t	af[4];
+			int			r = i * 16 + (lane & 15);
+			int			ch = 2 * s + (lane >> 4);
+
+			g4c_ldmatrix_x4(af, As + r * 64 + ((ch ^ (r & 7)) * 8));
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+				g4c_mma_bf16(acc[i][j], af, bf[j][0], bf[j][1]);
+		}
+	}
+}
+
+/* Write the warp's accumulators: token rows m0 + 16i + g (+8), weight rows
+ * (u0 + 2wn + j/2)·16 + (j%2)·8 + 2t (+1). */
+template <int MI>
+__device__ __forceinline__ void
+gemm_store(const gemm_args &a, float *y, const float acc[MI][4][4], int m0, int u0, int wn, int lane)
+{
+	int			g = lane >> 2,
+				t = lane & 3;
+
+#pragma unroll
+	for (int i = 0; i < MI; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+#pragma unroll
+			for (int h = 0; h < 2; h++)
+			{
+				int			row = m0 + i * 16 + g + 8 * h;
+				int			col = (u0 + wn * 2 + (j >> 1)) * 16 + (j & 1) * 8 + 2 * t;
+
+				if (row >= a.n)
+					continue;
+				if (col < a.N)
+					y[(size_t) row * (size_t) a.N + (size_t) col] = acc[i][j][2 * h];
+				if (col + 1 < a.N)
+					y[(size_t) row * (size_t) a.N + (size_t) col + 1] = acc[i][j][2 * h + 1];
+			}
+}
+
+/* Grid: x = token-row tiles (fastest, so that the blocks sharing a weight
+ * tile run together and read it once from memory), y = weight-row tiles,
+ * z = K ranges of a.kr k-tiles. */
+template <int FMT, int MI>
+__global__ void __launch_bounds__(GEMM_THREADS, MI <= 4 ? 2 : 1)
 gemm_kernel(gemm_args a)
 {
 	constexpr int STAGES = gemm_cfg<FMT>::STAGES;
-	constexpr int STAGE_BYTES = GEMM_A_BYTES + gemm_cfg<FMT>::B_BYTES;
+	constexpr int STAGE_BYTES = GEMM_A_BYTES(MI) + gemm_cfg<FMT>::B_BYTES;
 	extern __shared__ __align__(128) unsigned char smem[];
 	int			lane = threadIdx.x & 31;
 	int			wn = threadIdx.x >> 5;
-	int			m0 = blockIdx.y * GEMM_BM;
-	int			u0 = blockIdx.x * (GEMM_BN / 16);
-	float		acc[8][4][4];
+	int			m0 = blockIdx.x * GEMM_BM(MI);
+	int			u0 = blockIdx.y * (GEMM_BN / 16);
+	int			kt0 = blockIdx.z * a.kr;
+	int			nkt = min(a.kr, a.KT - kt0);
+	float		acc[MI][4][4];
 
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
 #pragma unroll
-	for (int i = 0; i < 8; i++)
+	for (int i = 0; i < MI; i++)
 #pragma unroll
 		for (int j = 0; j < 4; j++)
 			acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
@@ -781,115 +824,148 @@ gemm_kernel(gemm_args a)
 #pragma unroll
 	for (int st = 0; st < STAGES - 1; st++)
 	{
-		if (st < a.KT)
-			gemm_load_stage<FMT>(a, smem + st * STAGE_BYTES, m0, u0, st);
+		if (st < nkt)
+			gemm_load_stage<FMT, MI>(a, smem + st * STAGE_BYTES, m0, u0, kt0 + st);
 		g4c_cp_async_commit();
 	}
-	for (int kt = 0; kt < a.KT; kt++)
+	for (int kt = 0; kt < nkt; kt++)
 	{
-		const unsigned char *stage = smem + (kt % STAGES) * STAGE_BYTES;
-		const uint16_t *As = reinterpret_cast<const uint16_t *>(stage);
-		gemm_b<FMT> bw;
-
 		g4c_cp_async_wait<STAGES - 2>();
 		__syncthreads();
-		if (kt + STAGES - 1 < a.KT)
-			gemm_load_stage<FMT>(a, smem + ((kt + STAGES - 1) % STAGES) * STAGE_BYTES, m0, u0, kt + STAGES - 1);
+		if (kt + STAGES - 1 < nkt)
+			gemm_load_stage<FMT, MI>(a, smem + ((kt + STAGES - 1) % STAGES) * STAGE_BYTES, m0, u0,
+									 kt0 + kt + STAGES - 1);
 		g4c_cp_async_commit();
-		bw.load(stage + GEMM_A_BYTES, wn, lane);
-#pragma unroll
-		for (int s = 0; s < 4; s++)
-		{
-			uint32_t	bf[4][2];
-
-			bw.frags(stage + GEMM_A_BYTES, wn, s, lane, bf);
-#pragma unroll
-			for (int i = 0; i < 8; i++)
-			{
-				uint32_t	af[4];
-				int			r = i * 16 + (lane & 15);
-				int			ch = 2 * s + (lane >> 4);
-
-				g4c_ldmatrix_x4(af, As + r * 64 + ((ch ^ (r & 7)) * 8));
-#pragma unroll
-				for (int j = 0; j < 4; j++)
-					g4c_mma_bf16(acc[i][j], af, bf[j][0], bf[j][1]);
-			}
-		}
+		gemm_ktile<FMT, MI>(acc, smem + (kt % STAGES) * STAGE_BYTES, wn, lane);
 	}
 	g4c_cp_async_wait<0>();
+	gemm_store<MI>(a, a.y + (size_t) blockIdx.z * (size_t) a.n * (size_t) a.N, acc, m0, u0, wn, lane);
+}
 
+/* y = the sum of the ksplit partial products, in range order. */
+static __global__ void
+gemm_reduce_kernel(const float *partial, int ksplit, size_t count, float *y)
+{
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	for (size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (size_t) gridDim.x * blockDim.x)
 	{
-		int			g = lane >> 2,
-					t = lane & 3;
+		float		sum = __ldcg(partial + i);
 
-#pragma unroll
-		for (int i = 0; i < 8; i++)
-#pragma unroll
-			for (int j = 0; j < 4; j++)
-#pragma unroll
-				for (int h = 0; h < 2; h++)
-				{
-					int			row = m0 + i * 16 + g + 8 * h;
-					int			col = (u0 + wn * 2 + (j >> 1)) * 16 + (j & 1) * 8 + 2 * t;
-
-					if (row >= a.n)
-						continue;
-					if (col < a.N)
-						a.y[(size_t) row * (size_t) a.N + (size_t) col] = acc[i][j][2 * h];
-					if (col + 1 < a.N)
-						a.y[(size_t) row * (size_t) a.N + (size_t) col + 1] = acc[i][j][2 * h + 1];
-				}
+		for (int k = 1; k < ksplit; k++)
+			sum += __ldcg(partial + (size_t) k * count + i);
+		y[i] = sum;
 	}
 }
 
 /* x (float32 [n][K]) to bf16 [n][Kp], zero beyond K (matmul_dense.cu). */
 int			g4c_to_bf16(g4_cuda *c, const float *x, int n, int K, int Kp, uint16_t *xb);
 
+/* Blocks of gemm_kernel<FMT, MI> one SM holds (0 after recording an error). */
+template <int FMT, int MI>
+static int
+gemm_occupancy(g4_cuda *c)
+{
+	static int	blocks = -1;
+
+	if (blocks < 0)
+	{
+		int			b = 0;
+		cudaError_t e = cudaFuncSetAttribute(gemm_kernel<FMT, MI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+											 gemm_smem_bytes<FMT, MI>());
+
+		if (e == cudaSuccess)
+			e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemm_kernel<FMT, MI>, GEMM_THREADS,
+															  gemm_smem_bytes<FMT, MI>());
+		if (e != cudaSuccess)
+		{
+			g4c_fail(c, e, "gemm occupancy", __FILE__, __LINE__);
+			return 0;
+		}
+		blocks = b > 0 ? b : 1;
+	}
+	return blocks;
+}
+
+/* The number of K ranges: the least estimated time, in rounds of k-tiles
+ * of the busiest SM slot, counting each range's pipeline fill (two
+ * k-tiles) and the partial sums' traffic (written and read once, in units
+ * of one round's weight traffic).  Depends only on the shape and n, so a
+ * recorded step graph's scratch stays valid. */
 template <int FMT>
+static int
+gemm_ksplit(const g4_weight *w, int n, int tiles_mn, int slots)
+{
+	int			KT = (int) w->ktiles;
+	double		best = 1e30;
+	int			best_ks = 1;
+
+	for (int ks = 1; ks <= KT && ks <= 64; ks++)
+	{
+		int			kr = (KT + ks - 1) / ks;
+		int			items = tiles_mn * ks;
+		int			rounds = (items + slots - 1) / slots;
+		double		cost;
+
+		if ((KT + kr - 1) / kr != ks)
+			continue;			/* the same ranges as a smaller ks */
+		cost = (double) rounds * (kr + 2) +
+			(ks > 1 ? 2.0 * ks * (double) n * (double) w->out * 4.0 / ((double) slots * gemm_cfg<FMT>::B_BYTES) : 0.0);
+		if (cost < best)
+		{
+			best = cost;
+			best_ks = ks;
+		}
+	}
+	return best_ks;
+}
+
+template <int FMT, int MI>
 int
 gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
 	gemm_args	a;
 	int			Kp = (int) w->ktiles * 64;
-	uint16_t   *xb = (uint16_t *) g4c_scratch(c, (size_t) n * (size_t) Kp * 2);
-	static bool attr_set[2];
+	int			mt = (n + GEMM_BM(MI) - 1) / GEMM_BM(MI);
+	int			nt = (int) ((w->units * 16 + GEMM_BN - 1) / GEMM_BN);
+	int			occ = gemm_occupancy<FMT, MI>(c);
+	int			ksplit;
+	size_t		xb_bytes = ((size_t) n * (size_t) Kp * 2 + 255) & ~(size_t) 255;
+	size_t		part_bytes;
+	unsigned char *scratch;
 
-	if (!xb)
+	if (occ <= 0)
 		return c->err_code;
-	if (g4c_to_bf16(c, x, n, (int) w->in, Kp, xb) != G4_OK)
+	ksplit = gemm_ksplit<FMT>(w, n, mt * nt, occ * c->sm_count);
+	part_bytes = ksplit > 1 ? (size_t) ksplit * (size_t) n * (size_t) w->out * sizeof(float) : 0;
+	scratch = (unsigned char *) g4c_scratch(c, xb_bytes + part_bytes);
+	if (!scratch)
 		return c->err_code;
-	if (!attr_set[FMT])
-	{
-		G4C_CHECK(c, cudaFuncSetAttribute(gemm_kernel<FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-										  gemm_smem_bytes<FMT>()));
-		attr_set[FMT] = true;
-	}
-	a.xb = xb;
+	a.xb = (const uint16_t *) scratch;
+	if (g4c_to_bf16(c, x, n, (int) w->in, Kp, (uint16_t *) scratch) != G4_OK)
+		return c->err_code;
 	a.tiles = (const uint4 *) w->data;
 	a.scales = w->scales;
 	a.n = n;
 	a.N = (int) w->out;
 	a.KT = (int) w->ktiles;
 	a.U = (int) w->units;
-	a.y = y;
+	a.kr = (a.KT + ksplit - 1) / ksplit;
+	a.y = ksplit > 1 ? (float *) (scratch + xb_bytes) : y;
+	if (g4c_launch(c, "matmul (gemm)", gemm_kernel<FMT, MI>, dim3((unsigned) mt, (unsigned) nt, (unsigned) ksplit),
+				   dim3(GEMM_THREADS), (size_t) gemm_smem_bytes<FMT, MI>(), a) != G4_OK)
+		return c->err_code;
+	if (ksplit > 1)
 	{
-		dim3		grid((unsigned) ((w->units * 16 + GEMM_BN - 1) / GEMM_BN), (unsigned) ((n + GEMM_BM - 1) / GEMM_BM));
+		size_t		count = (size_t) n * (size_t) w->out;
+		size_t		blocks = (count + 255) / 256;
 
-		return g4c_launch(c, "matmul (gemm)", gemm_kernel<FMT>, grid, dim3(GEMM_THREADS), (size_t) gemm_smem_bytes<FMT>(), a);
+		if (blocks > (size_t) c->sm_count * 8)
+			blocks = (size_t) c->sm_count * 8;
+		return g4c_launch(c, "matmul (gemm partial sums)", gemm_reduce_kernel, dim3((unsigned) blocks), dim3(256), 0,
+						  (const float *) a.y, ksplit, count, y);
 	}
-}
-
-/* Dispatch by row count: skinny up to 64 rows, gemm beyond. */
-template <int FMT>
-int
-packed_matmul(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
-{
-	if (n <= 0)
-		return G4_OK;
-	if (n <= 64)
-		return skinny_launch<FMT>(c, w, x, n, y);
-	return gemm_launch<FMT>(c, w, x, n, y);
+	return G4_OK;
 }
 
 #endif

@@ -50,10 +50,20 @@ g4c_pack_bf16(g4_cuda *c, g4_weight *w, const uint16_t *raw, int64_t row0, int64
 					  raw, rows, w->in, row0, w->ktiles, (uint32_t *) w->data);
 }
 
+/* bf16 weights by row count: skinny up to 16 rows (split activations,
+ * float32-class), the gemm beyond with 32, 64 or 128 token rows per block. */
 int
 g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
-	return packed_matmul<G4C_W_BF16>(c, w, x, n, y);
+	if (n <= 0)
+		return G4_OK;
+	if (n <= 16)
+		return skinny_launch<G4C_W_BF16>(c, w, x, n, y);
+	if (n <= 32)
+		return gemm_launch<G4C_W_BF16, 2>(c, w, x, n, y);
+	if (n <= 64)
+		return gemm_launch<G4C_W_BF16, 4>(c, w, x, n, y);
+	return gemm_launch<G4C_W_BF16, 8>(c, w, x, n, y);
 }
 
 __global__ void

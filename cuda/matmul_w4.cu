@@ -1,13 +1,15 @@
 /*
  * matmul_w4.cu — int4 group-32 weights (compressed-tensors pack-quantized):
  * the repacking into tensor-core fragment order at upload, the matmul entry
- * point for every device weight kind, and the int4 dispatch by row count:
- * 1 to 16 rows to the GEMV (gemv_w4.cu), 17 to 64 to the skinny kernel and
- * more to the gemm (matmul.cuh).
+ * point for every device weight kind, and the int4 kernel choice by row
+ * count (g4c_matmul_i4).
  *
  * Device memory of an int4 weight: exactly the checkpoint's bytes (0.5 byte
  * per weight + one bf16 scale per 32), rows padded to 16 and columns to 64.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "matmul.cuh"
 
 /* One thread per (row, group of 32 columns, t): builds the packed word of
@@ -61,12 +63,36 @@ g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_s
 					  raw, raw_scales, rows, w->in, row0, w->ktiles, (uint32_t *) w->data, w->scales);
 }
 
+/*
+ * The int4 kernel by row count n (figures: test/bench/RESULTS.md, "int4
+ * matmuls by row count"):
+ *   n <= I4_GEMV_MAX_ROWS     the GEMV (gemv_w4.cu): weights streamed once,
+ *                             split bf16 activations (float32-class);
+ *   n <  I4_LT_MIN_ROWS       the int4 gemm (matmul.cuh), 32 / 64 / 128
+ *                             token rows per block, K split to fill the GPU;
+ *   beyond                    dequantised to bf16 + cuBLASLt (matmul_lt.cu).
+ * G4_MATMUL_I4=gemm or =lt forces the choice above the GEMV's rows, so that
+ * benchmarks can time both on the same shapes.
+ */
+#define I4_GEMV_MAX_ROWS 16
+#define I4_LT_MIN_ROWS 512
+
 int
 g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
-	if (n >= 1 && n <= 16)
+	const char *force = getenv("G4_MATMUL_I4");
+
+	if (n <= 0)
+		return G4_OK;
+	if (n <= I4_GEMV_MAX_ROWS)
 		return g4c_gemv_i4(c, w, x, n, y);
-	return packed_matmul<G4C_W_I4>(c, w, x, n, y);
+	if (force ? strcmp(force, "lt") == 0 : n >= I4_LT_MIN_ROWS)
+		return g4c_matmul_i4_lt(c, w, x, n, y);
+	if (n <= 32)
+		return gemm_launch<G4C_W_I4, 2>(c, w, x, n, y);
+	if (n <= 64)
+		return gemm_launch<G4C_W_I4, 4>(c, w, x, n, y);
+	return gemm_launch<G4C_W_I4, 8>(c, w, x, n, y);
 }
 
 int

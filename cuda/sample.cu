@@ -482,8 +482,8 @@ g4c_sample(g4_backend *be, float *logits, int n, int vocab, const int32_t *suppr
 		grow(c, (void **) &c->d_rows, (void **) &c->h_rows, &c->cap_rows, n, sizeof(g4_row_sampling)) != G4_OK ||
 		grow(c, (void **) &c->d_suppress, NULL, &c->cap_suppress, n_suppress, sizeof(int32_t)) != G4_OK)
 		return c->err_code;
-	/* the pinned staging may still feed the previous call's copies */
-	G4C_CHECK(c, cudaStreamSynchronize(c->stream));
+	/* the pinned staging is idle: every call ends with a stream sync, so the
+	 * rows are copied and the sampler queued while the forward still runs */
 	memcpy(c->h_rows, rows, (size_t) n * sizeof(g4_row_sampling));
 	G4C_CHECK(c, cudaMemcpyAsync(c->d_rows, c->h_rows, (size_t) n * sizeof(g4_row_sampling),
 								 cudaMemcpyHostToDevice, c->stream));

@@ -23,7 +23,7 @@ NVCC_FLAGS = -O3 -std=c++17 $(NVCC_ARCH) -Xcompiler -fPIC -Xcompiler -Wall \
 CUDA_SRCS := $(wildcard cuda/*.cu)
 CUDA_OBJS := $(patsubst cuda/%.cu,$(BUILD)/obj/cuda/%.o,$(CUDA_SRCS))
 CUDA_LDLIBS = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
-	-lcudart_static -lrt -lstdc++
+	-lcublasLt -lcudart_static -lrt -lstdc++
 # GPU parity tests (test/gpu, run by test/gpu/run-gpu.sh on a GPU machine)
 # and the GPU benchmark; never part of CI
 GPU_TEST_BIN := $(BUILD)/run-gpu-tests

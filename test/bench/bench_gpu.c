@@ -16,6 +16,9 @@
  *           time to the first token.
  * ops       each operation of a decode step (n = 1 and 64) and of a 2k
  *           prefill chunk, timed alone: the per-kernel breakdown.
+ * matmul    the int4 matmuls of a sliding layer at 17 to 2,048 rows through
+ *           each int4 path above the GEMV (G4_MATMUL_I4=gemm / lt): where
+ *           g4c_matmul_i4's threshold lies.
  * capacity  for bf16 and turboquant_k8v4: how many 262,144-token sequences
  *           the pool's accounting says fit next to the weights at 95 % of
  *           device memory, then that many reserved at full length and
@@ -32,13 +35,13 @@
 #include "xorshift.h"
 
 #define MAX_TOKENS 16384
-#define MAX_SEQS 128
+#define MAX_SEQS 256
 #define MAX_LEN 262144
 
 static g4_backend *be;
 static drv	D;
 static int	kv_dtype = G4_KV_TURBOQUANT_K8V4;
-static char summary[64][200];
+static char summary[96][200];
 static int	n_summary;
 
 static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -48,7 +51,7 @@ note(const char *fmt, ...)
 {
 	va_list		ap;
 
-	if (n_summary >= 64)
+	if (n_summary >= (int) G4_ARRAY_LEN(summary))
 		return;
 	va_start(ap, fmt);
 	vsnprintf(summary[n_summary++], sizeof(summary[0]), fmt, ap);
@@ -131,7 +134,8 @@ decode_run(int B, int ctx, int steps, int graphs, double *bytes_per_step)
 static void
 bench_decode(void)
 {
-	static const int cfg[][2] = {{1, 2048}, {1, 32768}, {16, 2048}, {16, 32768}, {64, 2048}, {64, 32768}};
+	static const int cfg[][2] = {{1, 2048}, {1, 32768}, {16, 2048}, {16, 32768}, {64, 2048}, {64, 32768},
+	{128, 2048}, {256, 2048}};
 	size_t		i;
 
 	for (i = 0; i < G4_ARRAY_LEN(cfg); i++)
@@ -471,6 +475,71 @@ breakdown(int n, int ctx)
 	free(tok);
 }
 
+/* ---- int4 matmuls by row count ------------------------------------------------ */
+
+static void
+bench_matmul(void)
+{
+	static const int ns[] = {17, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048};
+	static const char *paths[] = {"gemm", "lt"};
+	const g4_model_config *c = &D.m->cfg;
+	int			sl = 0;
+	size_t		i,
+				p;
+
+	while (c->layer_full[sl])
+		sl++;
+	for (i = 0; i < G4_ARRAY_LEN(ns); i++)
+		for (p = 0; p < G4_ARRAY_LEN(paths); p++)
+		{
+			const g4_layer *ly = &D.m->layers[sl];
+			struct
+			{
+				const char *name;
+				const g4_weight *w;
+				const float *in;
+				float	   *out;
+			}			mm[] = {
+				{"qkv", ly->qkv, D.ws.h, D.ws.qkv},
+				{"o", ly->o, D.ws.attn, D.ws.h},
+				{"gate_up", ly->gate_up, D.ws.h, D.ws.gu},
+				{"down", ly->down, D.ws.act, D.ws.h},
+			};
+			double		sum = 0,
+						bytes = 0,
+						flops = 0;
+			size_t		k;
+			int			n = G4_MIN(ns[i], D.ws.mlp_rows);
+
+			setenv("G4_MATMUL_I4", paths[p], 1);
+			for (k = 0; k < G4_ARRAY_LEN(mm); k++)
+			{
+				op_arg		a;
+				double		us,
+							wb = (double) be->ops->weight_bytes(mm[k].w);
+
+				memset(&a, 0, sizeof(a));
+				a.what = OP_MATMUL;
+				a.n = n;
+				a.w = mm[k].w;
+				a.in = mm[k].in;
+				a.out = mm[k].out;
+				us = time_op(n <= 256 ? 40 : 10, run_op, &a);
+				printf("BENCH matmul path=%s n=%d op=%s us=%.2f weight_TBs=%.2f TFLOPs=%.1f\n", paths[p], n,
+					   mm[k].name, us, wb / (us * 1e-6) / 1e12, 2.0 * n * wb * 2.0 / (us * 1e-6) / 1e12);
+				sum += us;
+				bytes += wb;
+				flops += 2.0 * n * wb * 2.0;	/* ~2 weights per byte */
+			}
+			printf("BENCH matmul path=%s n=%d op=\"sliding layer\" us=%.2f weight_TBs=%.2f TFLOPs=%.1f\n", paths[p],
+				   n, sum, bytes / (sum * 1e-6) / 1e12, flops / (sum * 1e-6) / 1e12);
+			note("int4 %-4s n=%-5d sliding layer %8.1f us  %.2f TB/s  %.0f TFLOP/s", paths[p], n, sum,
+				 bytes / (sum * 1e-6) / 1e12, flops / (sum * 1e-6) / 1e12);
+			fflush(stdout);
+		}
+	unsetenv("G4_MATMUL_I4");
+}
+
 /* ---- capacity ---------------------------------------------------------------- */
 
 static void
@@ -620,6 +689,8 @@ main(int argc, char **argv)
 		breakdown(64, 2048);
 		breakdown(2048, 0);
 	}
+	if (strstr(what, "matmul"))
+		bench_matmul();
 	if (strstr(what, "decode"))
 		bench_decode();
 	if (strstr(what, "prefill"))

@@ -224,6 +224,71 @@ G4_TEST(engine_admission_respects_max_num_seqs)
 	g4_close(e);
 }
 
+/* Under load the step budget goes to decoding first: while a long prompt is
+ * prefilled in chunks, a running sequence gets a token every step (its
+ * inter-token latency is one step), and the long prompt and a request
+ * arriving behind it get their first tokens within the steps their prompts
+ * need at the budget left by the decodes (time to first token bounded,
+ * first come first served). */
+G4_TEST(engine_decode_first_bounds_latency)
+{
+	enum
+	{
+		BUDGET = 16, LONG = 100
+	};
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	h_result	res[3];
+	h_run		run = {res, 3};
+	int32_t		long_ids[LONG];
+	int			i,
+				step,
+				before,
+				b_first = -1,
+				c_first = -1;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	o.max_num_batched_tokens = BUDGET;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	memset(res, 0, sizeof(res));
+	h_attach(e, &run);
+	for (i = 0; i < LONG; i++)
+		long_ids[i] = prompt_ids[i % 11];
+	/* A: decoding before the others arrive */
+	h_token_request(&req, prompt_ids, 11, 60);
+	CHECK_OK(g4_submit(e, &req, &res[0].id, &err), &err);
+	CHECK(g4_step(e, h_on_event, &run, &err) >= 0);
+	CHECK_INT(res[0].n_tokens, 1);
+	/* B: a long prompt; C: a short one behind it */
+	h_token_request(&req, long_ids, LONG, 2);
+	CHECK_OK(g4_submit(e, &req, &res[1].id, &err), &err);
+	h_token_request(&req, prompt_ids, 11, 2);
+	CHECK_OK(g4_submit(e, &req, &res[2].id, &err), &err);
+	for (step = 1; step <= 20 && c_first < 0; step++)
+	{
+		before = res[0].n_tokens;
+		CHECK(g4_step(e, h_on_event, &run, &err) >= 0);
+		if (!res[0].finished)
+			CHECK_INT(res[0].n_tokens, before + 1);
+		if (b_first < 0 && res[1].n_tokens > 0)
+			b_first = step;
+		if (c_first < 0 && res[2].n_tokens > 0)
+			c_first = step;
+	}
+	/* B: 100 prompt tokens at 15 a step (one goes to A) = 7 steps; C's 11
+	 * follow in the budget B leaves and the next step */
+	CHECK(b_first > 0 && b_first <= (LONG + BUDGET - 2) / (BUDGET - 1));
+	CHECK(c_first > 0 && c_first <= b_first + 1);
+	CHECK_OK(h_drain(e, &run, 1000, &err), &err);
+	CHECK_INT(kv_used(e), 0);
+	for (i = 0; i < 3; i++)
+		h_result_free(&res[i]);
+	g4_close(e);
+}
+
 G4_TEST(engine_kv_accounting)
 {
 	g4_options	o;

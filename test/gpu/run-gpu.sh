@@ -41,6 +41,13 @@ say() { echo "== $*"; }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader 2>&1 | head -2
 
+# cuBLASLt (linked shared): where the loader does not find it, the toolkit's
+# or a Python wheel's copy
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt\.so'; then
+	LT=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.*' 2>/dev/null | head -1)
+	[ -n "$LT" ] && export LD_LIBRARY_PATH=$(dirname "$LT")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
 # build only what the stages need and is missing or cannot start here
 BIN=${G4_BIN:-build}
 need=$BIN/gemma4-make-model
@@ -82,7 +89,7 @@ fi
 if has parity; then
 	say "parity (log: parity.log)"
 	G4_TEST_SRCDIR=$ROOT G4_TEST_TMPDIR=$ROOT/build/test-tmp G4_FIXTURE_MODEL=$TINY \
-		timeout 200 "$BIN/run-gpu-tests" gpu_ >"$LOGS/parity.log" 2>&1
+		timeout 300 "$BIN/run-gpu-tests" gpu_ >"$LOGS/parity.log" 2>&1
 	echo "exit $?" >>"$LOGS/parity.log"
 fi
 

@@ -421,8 +421,8 @@ matmul_cases(int fmt, int n_parts, const int64_t *outs, int64_t in, const int *n
 			if (memcmp(&yg[i], &yg2[i], 4) != 0)
 				differ++;
 		}
-		snprintf(label, sizeof(label), "%s n=%d out=%lld%s in=%lld", g4_wfmt_name(fmt), n, (long long) out,
-				 n_parts > 1 ? " (fused)" : "", (long long) in);
+		snprintf(label, sizeof(label), "%s n=%d out=%lld%s in=%lld%s", g4_wfmt_name(fmt), n, (long long) out,
+				 n_parts > 1 ? " (fused)" : "", (long long) in, getenv("G4_MATMUL_I4") ? " (forced path)" : "");
 		report("matmul", label, worst, bf16_class ? 8e-3 : 3e-5);
 		/* exact: the count of outputs that differ between the two calls */
 		report("matmul repeat", label, (double) differ, 0.0);
@@ -451,11 +451,13 @@ matmul_case(int fmt, int n_parts, const int64_t *outs, int64_t in, int n)
 }
 
 /* 1 to 16 rows run the int4 GEMV (gemv_w4.cu: 1, 2 or 4 n8 tiles of 4 rows
- * each), 17 to 64 the skinny kernel, more the gemm (matmul.cuh).  The GEMV
- * row counts fill each tile count partly and wholly. */
+ * each), then the int4 gemm (matmul.cuh: 32, 64 or 128 token rows per block,
+ * K split over blocks) and from 512 rows the bf16 dequantisation + cuBLASLt
+ * (matmul_lt.cu); the choice is g4c_matmul_i4's.  The GEMV row counts fill
+ * each tile count partly and wholly. */
 G4_TEST(gpu_matmul_int4)
 {
-	static const int ns[] = {1, 2, 3, 4, 5, 8, 11, 12, 16, 24, 64, 100, 300};
+	static const int ns[] = {1, 2, 3, 4, 5, 8, 11, 12, 16, 17, 24, 40, 64, 100, 300};
 	static const int gemv_ns[] = {1, 2, 3, 4, 5, 8, 11, 12, 16};
 	size_t		i;
 
@@ -483,24 +485,43 @@ G4_TEST(gpu_matmul_int4)
 		matmul_case(G4_W_I4G32, 3, small, 64, 7);
 		matmul_case(G4_W_I4G32, 3, small, 64, 139);
 	}
-	/* The 12B decode shapes at 1 to 16 rows (K split over blocks), and a wide
-	 * one, its rows and columns both padded, whose K stays unsplit up to 8
-	 * rows (282 unit groups: two splits are more blocks than the H200 holds
-	 * at once) and for which no split is all resident at once at 9 to 16
-	 * rows (the GEMV's other split rule).  One weight each, the row counts
-	 * in turn: the gate_up case's |W| copy (~470 MB) is built once. */
+	/* The 12B decode shapes at 1 to 16 rows (the GEMV, K split over blocks)
+	 * and 17 to 256 (each block size of the gemm, K split), and a wide one,
+	 * its rows and columns both padded, whose K stays unsplit up to 8 rows
+	 * (282 unit groups: two splits are more blocks than the H200 holds at
+	 * once) and for which no split is all resident at once at 9 to 16 rows
+	 * (the GEMV's other split rule).  One weight each, the row counts in
+	 * turn: the gate_up case's |W| copy (~470 MB) is built once. */
 	{
+		static const int decode_ns[] = {1, 2, 3, 4, 5, 8, 11, 12, 16, 17, 32, 33, 64, 65, 128, 256};
+		static const int gu_ns[] = {1, 2, 3, 4, 5, 8, 11, 12, 16, 64, 256};
 		int64_t		qkv[] = {4096, 1024, 1024};
 		int64_t		gate_up[] = {15360, 15360};
 		int64_t		down[] = {3840};
 		int64_t		o[] = {3840};
 		int64_t		wide[] = {36008};
 
-		matmul_cases(G4_W_I4G32, 3, qkv, 3840, gemv_ns, G4_ARRAY_LEN(gemv_ns));
-		matmul_cases(G4_W_I4G32, 2, gate_up, 3840, gemv_ns, G4_ARRAY_LEN(gemv_ns));
-		matmul_cases(G4_W_I4G32, 1, down, 15360, gemv_ns, G4_ARRAY_LEN(gemv_ns));
-		matmul_cases(G4_W_I4G32, 1, o, 4096, gemv_ns, G4_ARRAY_LEN(gemv_ns));
+		matmul_cases(G4_W_I4G32, 3, qkv, 3840, decode_ns, G4_ARRAY_LEN(decode_ns));
+		matmul_cases(G4_W_I4G32, 2, gate_up, 3840, gu_ns, G4_ARRAY_LEN(gu_ns));
+		matmul_cases(G4_W_I4G32, 1, down, 15360, decode_ns, G4_ARRAY_LEN(decode_ns));
+		matmul_cases(G4_W_I4G32, 1, o, 4096, decode_ns, G4_ARRAY_LEN(decode_ns));
 		matmul_cases(G4_W_I4G32, 1, wide, 672, gemv_ns, G4_ARRAY_LEN(gemv_ns));
+	}
+	/* The cuBLASLt path: by row count (520), and forced (G4_MATMUL_I4=lt)
+	 * at counts the gemm serves, incl. a half-padded last k-tile */
+	{
+		static const int lt_ns[] = {17, 100, 300};
+		int64_t		o1[] = {4096};
+		int64_t		odd[] = {1000};
+		int64_t		half[] = {520, 250};
+		int64_t		down[] = {3840};
+
+		matmul_case(G4_W_I4G32, 1, odd, 1024, 520);
+		setenv("G4_MATMUL_I4", "lt", 1);
+		matmul_cases(G4_W_I4G32, 1, o1, 3840, lt_ns, G4_ARRAY_LEN(lt_ns));
+		matmul_cases(G4_W_I4G32, 2, half, 672, lt_ns, G4_ARRAY_LEN(lt_ns));
+		matmul_case(G4_W_I4G32, 1, down, 15360, 200);
+		unsetenv("G4_MATMUL_I4");
 	}
 }
 
