@@ -3,7 +3,7 @@
 # (../shared/device/pg-bundle.sh, carried as build/device/pg.tar.xz, with the
 # extension's gemma4.so, control and SQL files beside it) with the engine
 # built with CUDA ($G4_BIN, default build), serving a random model of the
-# real 12B shape generated on the spot; pgbench drives gemma_complete with 1 and 64 clients
+# real 12B shape generated on the spot; pgbench drives gemma_complete with 1 and 64 clients ($CLIENTS)
 # and the generated tokens/s through SQL are printed.
 #   usage (on the GPU machine, from the repository root):
 #     test/gpu/pg-e2e.sh [OUT_DIR] [SECONDS]
@@ -18,7 +18,7 @@ cat > "$work/gen.sql" <<'SQL'
 SELECT gemma_complete('The quick brown fox jumps over the lazy dog because', max_tokens => 128);
 SQL
 chmod a+r "$work/gen.sql"
-for clients in 1 64; do
+for clients in ${CLIENTS:-1 64}; do
   before=$(psqlc -c "SELECT tokens_out FROM gemma_stats")
   t0=$(date +%s.%N)
   asuser pgbench -h /tmp/pgsock -U postgres -n -c "$clients" -j "$(( clients < 16 ? clients : 16 ))" \

@@ -1713,7 +1713,11 @@ G4_TEST(gpu_media_embedders)
 		rg = malloc(n * 4);
 		CHECK_OK(g4_model_embed_media(mc, &in, rc, &err), &err);
 		CHECK_OK(g4_model_embed_media(mg, &in, rg, &err), &err);
-		report("media_embed", items[k].file, max_rel(rg, rc, n), 1e-5);
+		/* an image's rows (280 here) go through the matmuls of more than 16
+		 * rows, whose activations are rounded to bf16 (2^-9 each): the bound
+		 * of that class, as for the matmuls themselves; the layer norms keep
+		 * relative errors relative */
+		report("media_embed", items[k].file, max_rel(rg, rc, n), 8e-3);
 		free(rc);
 		free(rg);
 		free(data);
