@@ -62,7 +62,6 @@
 
 #define STATS_INTERVAL 0.1		/* seconds */
 #define REPLY_CHUNK		((size_t) 1 << 20)	/* largest piece of a tokenizer reply */
-#define PREP_THREADS	2		/* requests prepared at once, beside the steps */
 
 /* Exit statuses, as the supervisor logs them. */
 #define EXIT_SETUP		1		/* could not set the process up, or load the model */
@@ -175,7 +174,7 @@ static void load_engine(EngineProc *ep, const G4EngineConfig *cfg);
 static void serve(EngineProc *ep) pg_attribute_noreturn();
 static bool read_frames(EngineProc *ep, int timeout_ms);
 static void handle_submit(EngineProc *ep, const char *body, size_t len);
-static void start_preparation(EngineProc *ep);
+static void start_preparation(EngineProc *ep, int n_threads);
 static void *prepare_jobs(void *arg);
 static void queue_prepared(EngineProc *ep);
 static bool map_add(EngineProc *ep, uint64 seq_id, uint64 request_id);
@@ -384,7 +383,7 @@ load_engine(EngineProc *ep, const G4EngineConfig *cfg)
 	ready.n_layers = mi.n_layers;
 	ready.max_model_len = mi.max_model_len;
 	ready.n_params = mi.n_params;
-	start_preparation(ep);
+	start_preparation(ep, cfg->prepare_threads);
 	if (!g4p_put_frame(&ep->out, G4F_READY, &ready, sizeof(ready), NULL, 0))
 		out_of_memory(ep);
 	send_stats(ep);
@@ -393,17 +392,26 @@ load_engine(EngineProc *ep, const G4EngineConfig *cfg)
 
 /* The preparation threads and the eventfd that wakes the loop. */
 static void
-start_preparation(EngineProc *ep)
+start_preparation(EngineProc *ep, int n_threads)
 {
 	PrepPool   *pool = &ep->pool;
 	pthread_t	th;
 	int			i;
 
+	/* decoding a large image takes tens of ms: enough threads that
+	 * preparation keeps up with the steps, a few cores left to the rest */
+	if (n_threads <= 0)
+	{
+		long		cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+		n_threads = (int) Min(Max(cores / 2, 2), 16);
+	}
+
 	pool->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (pool->wake_fd < 0 || pthread_mutex_init(&pool->lock, NULL) != 0 ||
 		pthread_cond_init(&pool->work, NULL) != 0)
 		fail_and_exit(ep, G4F_LOAD_FAILED, G4_ERR_NOMEM, "could not set up the preparation threads");
-	for (i = 0; i < PREP_THREADS; i++)
+	for (i = 0; i < n_threads; i++)
 	{
 		if (pthread_create(&th, NULL, prepare_jobs, ep) != 0)
 			fail_and_exit(ep, G4F_LOAD_FAILED, G4_ERR_NOMEM, "could not start a preparation thread");

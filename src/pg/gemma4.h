@@ -57,6 +57,7 @@ extern bool g4_speculative;		/* gemma4.speculative: sessions' default */
 extern int	g4_speculative_max_batch;
 extern int	g4_backend;
 extern int	g4_cpu_threads;
+extern int	g4_prepare_threads;
 extern int	g4_max_requests;
 extern int	g4_default_max_tokens;
 extern int	g4_request_timeout;
@@ -485,6 +486,7 @@ typedef struct G4EngineConfig
 	char		draft_model_path[MAXPGPATH];
 	int			backend;		/* g4_backend_kind */
 	int			threads;
+	int			prepare_threads;	/* gemma4.prepare_threads, 0 = from the cores */
 	int			max_model_len;
 	double		gpu_memory_utilization;
 	int			kv_dtype;		/* g4_kv_dtype */

@@ -41,6 +41,7 @@ bool		g4_speculative = true;
 int			g4_speculative_max_batch = G4_SPEC_MAX_BATCH_DEFAULT;
 int			g4_backend = G4_BACKEND_AUTO;
 int			g4_cpu_threads = 0;
+int			g4_prepare_threads = 0;
 int			g4_max_requests = 64;
 int			g4_default_max_tokens = 1024;
 int			g4_request_timeout = 0;
@@ -332,6 +333,14 @@ define_server_gucs(void)
 							"0 means one per core.",
 							&g4_cpu_threads,
 							0, 0, 1024,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("gemma4.prepare_threads",
+							"Threads that prepare requests beside the engine's steps: tokenising, chat formatting, media decoding.",
+							"0 means half the cores, at least 2 and at most 16.",
+							&g4_prepare_threads,
+							0, 0, 64,
 							PGC_POSTMASTER, 0,
 							NULL, NULL, NULL);
 

@@ -418,6 +418,7 @@ prepare_config(void)
 	strlcpy(c->draft_model_path, g4_draft_model_dir, sizeof(c->draft_model_path));
 	c->backend = g4_backend;
 	c->threads = g4_cpu_threads;
+	c->prepare_threads = g4_prepare_threads;
 	c->max_model_len = g4_max_model_len;
 	c->gpu_memory_utilization = g4_gpu_memory_utilization;
 	c->kv_dtype = g4_kv_cache_dtype;
