@@ -132,9 +132,10 @@ SAN_TEST_BIN := $(SAN_BUILD)/run-engine-tests
 $(SAN_BUILD)/obj/%.o: %.c $(wildcard src/engine/*.h src/engine/cpu/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN_CFLAGS) -c $< -o $@
-$(SAN_TEST_BIN): $(TEST_SRCS) $(wildcard test/engine/*.h) $(SAN_OBJS)
-	$(CC) $(SAN_CFLAGS) -Itest/engine -o $@ $(TEST_SRCS) $(SAN_OBJS) $(ENGINE_LDLIBS)
-check-engine-sanitized: $(SAN_TEST_BIN) $(FIXTURE_MODEL)/config.json $(FIXTURE_DENSE)/config.json
+$(SAN_TEST_BIN): $(TEST_SRCS) tools/quality.c tools/quality.h $(wildcard test/engine/*.h) $(SAN_OBJS)
+	$(CC) $(SAN_CFLAGS) -Itest/engine -Itools -o $@ $(TEST_SRCS) tools/quality.c $(SAN_OBJS) $(ENGINE_LDLIBS)
+check-engine-sanitized: $(SAN_TEST_BIN) $(FIXTURE_MODEL)/config.json $(FIXTURE_DENSE)/config.json \
+		$(FIXTURE_MODEL)-assistant/config.json $(FIXTURE_DENSE)-assistant/config.json
 	G4_TEST_SRCDIR=$(CURDIR) G4_TEST_TMPDIR=$(CURDIR)/$(SAN_BUILD)/test-tmp \
 	G4_FIXTURE_MODEL=$(CURDIR)/$(FIXTURE_MODEL) G4_FIXTURE_DENSE=$(CURDIR)/$(FIXTURE_DENSE) \
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1 \

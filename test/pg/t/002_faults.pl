@@ -94,8 +94,12 @@ sub check_recovered
 {
 	my $old = engine_pid();
 	kill 'KILL', $old;
+	# once the supervisor has seen the death (the state leaves 'ready'), a
+	# call within its restart delay (>= 250 ms) fails at once; a call sent
+	# before it has seen the death is in flight and fails with 58000 instead
 	my ($ret, $stdout, $stderr) = $node->psql('postgres',
-		"SELECT worker_state FROM gemma_stats; SELECT gemma_generate('Hello world', max_tokens => 4)",
+		"DO \$\$ BEGIN WHILE (SELECT worker_state FROM gemma_stats) = 'ready' LOOP PERFORM pg_sleep(0.005); END LOOP; END \$\$; "
+		  . "SELECT gemma_generate('Hello world', max_tokens => 4)",
 		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
 	like($stderr, qr/ERROR:  55000: the gemma4 engine is restarting/,
 		'during the restart: a call fails at once with 55000');

@@ -103,6 +103,19 @@ sub job_worker_pid
 	);
 }
 
+# After a crash of a server process: until the postmaster has reset the
+# cluster and accepts sessions again, a query may be cut or refused.
+sub wait_reconnected
+{
+	for (1 .. 600)
+	{
+		my $ready = eval { $node->safe_psql('postgres', 'SELECT gemma_wait_ready(60000)') };
+		return if defined $ready && $ready eq 't';
+		select(undef, undef, undef, 0.1);
+	}
+	die 'the server did not come back after the crash';
+}
+
 sub start_job
 {
 	my ($workers) = @_;
@@ -211,8 +224,9 @@ fault('kill -9 of the job worker', sub {
 	my $pid = job_worker_pid($job);
 	ok($pid > 0, 'kill -9 of the job worker: it runs');
 	kill 'KILL', $pid;
-	# the postmaster resets the cluster; the supervisor's launcher resumes the job
-	$node->poll_query_until('postgres', 'SELECT gemma_wait_ready(60000)');
+	# the postmaster resets the cluster (every session is cut, a query under
+	# way included); the supervisor's launcher resumes the job
+	wait_reconnected();
 });
 
 fault('kill -9 of the engine process', sub {
