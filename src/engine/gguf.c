@@ -331,17 +331,6 @@ rd_str(cursor *c, const char **out, size_t *len)
 	return G4_OK;
 }
 
-static uint64_t
-le_u(const uint8_t *b, size_t n)
-{
-	uint64_t	v = 0;
-	size_t		i;
-
-	for (i = 0; i < n; i++)
-		v |= (uint64_t) b[i] << (8 * i);
-	return v;
-}
-
 /* Decode a scalar of `type` at b into kv->v. */
 static void
 set_scalar(g4_gguf_kv *kv, uint32_t type, const uint8_t *b)
@@ -353,23 +342,23 @@ set_scalar(g4_gguf_kv *kv, uint32_t type, const uint8_t *b)
 		case G4_GGUF_U32:
 		case G4_GGUF_U64:
 		case G4_GGUF_BOOL:
-			kv->v.u = le_u(b, kv_scalar_size(type));
+			kv->v.u = g4_load_le(b, kv_scalar_size(type));
 			break;
 		case G4_GGUF_I8:
 			kv->v.i = (int8_t) b[0];
 			break;
 		case G4_GGUF_I16:
-			kv->v.i = (int16_t) le_u(b, 2);
+			kv->v.i = (int16_t) g4_load_le(b, 2);
 			break;
 		case G4_GGUF_I32:
-			kv->v.i = (int32_t) le_u(b, 4);
+			kv->v.i = (int32_t) g4_load_le(b, 4);
 			break;
 		case G4_GGUF_I64:
-			kv->v.i = (int64_t) le_u(b, 8);
+			kv->v.i = (int64_t) g4_load_le(b, 8);
 			break;
 		case G4_GGUF_F32:
 			{
-				uint32_t	u = (uint32_t) le_u(b, 4);
+				uint32_t	u = (uint32_t) g4_load_le(b, 4);
 				float		f;
 
 				memcpy(&f, &u, 4);
@@ -378,7 +367,7 @@ set_scalar(g4_gguf_kv *kv, uint32_t type, const uint8_t *b)
 			}
 		case G4_GGUF_F64:
 			{
-				uint64_t	u = le_u(b, 8);
+				uint64_t	u = g4_load_le(b, 8);
 				double		f;
 
 				memcpy(&f, &u, 8);

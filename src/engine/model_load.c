@@ -527,6 +527,21 @@ free_media_embedders(g4_model *m)
 	}
 }
 
+/* An empty model on a backend, and its loader; NULL when out of memory. */
+static g4_model *
+model_new(g4_backend *be, loader *L)
+{
+	g4_model   *m = g4_calloc(1, sizeof(g4_model));
+
+	memset(L, 0, sizeof(*L));
+	if (m)
+	{
+		m->be = be;
+		L->m = m;
+	}
+	return m;
+}
+
 int
 g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose, g4_err *err)
 {
@@ -536,12 +551,8 @@ g4_model_load(const char *path, g4_backend *be, g4_model **out, int verbose, g4_
 	size_t		plen = strlen(path);
 
 	*out = NULL;
-	m = g4_calloc(1, sizeof(g4_model));
-	if (!m)
+	if (!(m = model_new(be, &L)))
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
-	m->be = be;
-	memset(&L, 0, sizeof(L));
-	L.m = m;
 
 	if (plen > 5 && strcmp(path + plen - 5, ".gguf") == 0)
 	{
@@ -643,12 +654,8 @@ g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_err 
 	int			rc;
 
 	*out = NULL;
-	m = g4_calloc(1, sizeof(g4_model));
-	if (!m)
+	if (!(m = model_new(be, &L)))
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
-	m->be = be;
-	memset(&L, 0, sizeof(L));
-	L.m = m;
 	if (!g4_is_dir(dir))
 		rc = g4_fail(err, G4_ERR_IO, "%s: no such draft model directory", dir);
 	else

@@ -86,17 +86,6 @@ sip_round(uint64_t v[4])
 }
 
 static uint64_t
-load_le64(const uint8_t *p, size_t n)
-{
-	uint64_t	x = 0;
-	size_t		i;
-
-	for (i = 0; i < n; i++)
-		x |= (uint64_t) p[i] << (8 * i);
-	return x;
-}
-
-static uint64_t
 siphash(const uint64_t key[2], const void *data, size_t len)
 {
 	const uint8_t *p = data;
@@ -108,13 +97,13 @@ siphash(const uint64_t key[2], const void *data, size_t len)
 
 	for (i = 0; i < full; i += 8)
 	{
-		m = load_le64(p + i, 8);
+		m = g4_load_le(p + i, 8);
 		v[3] ^= m;
 		sip_round(v);
 		sip_round(v);
 		v[0] ^= m;
 	}
-	m = load_le64(p + full, len - full) | ((uint64_t) (len & 0xff) << 56);
+	m = g4_load_le(p + full, len - full) | ((uint64_t) (len & 0xff) << 56);
 	v[3] ^= m;
 	sip_round(v);
 	sip_round(v);

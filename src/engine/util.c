@@ -243,6 +243,17 @@ g4_path_join(const char *dir, const char *name)
 	return p;
 }
 
+uint64_t
+g4_load_le(const uint8_t *b, size_t n)
+{
+	uint64_t	v = 0;
+	size_t		i;
+
+	for (i = 0; i < n; i++)
+		v |= (uint64_t) b[i] << (8 * i);
+	return v;
+}
+
 int
 g4_is_dir(const char *path)
 {

@@ -42,6 +42,9 @@ int			g4_buf_puts(g4_buf *b, const char *s);
 void		g4_buf_free(g4_buf *b);
 
 
+/* The unsigned little-endian integer of n <= 8 bytes at b (any alignment). */
+uint64_t	g4_load_le(const uint8_t *b, size_t n);
+
 /* Monotonic clock in seconds. */
 double		g4_now(void);
 
