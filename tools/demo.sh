@@ -15,7 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs="build-essential ca-certificates python3 python3-pip postgresql-15 postgresql-server-dev-15"
+pkgs="build-essential ca-certificates python3 python3-pip postgresql-15 postgresql-server-dev-15
+  libpng-dev libjpeg-dev libwebp-dev libgif-dev libsndfile1-dev libsoxr-dev"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
