@@ -26,8 +26,8 @@
  *	  still matches the condition): an answer to a prompt or media that
  *	  changed meanwhile is dropped and the row queued again;
  *	- a row that fails (bad input such as a corrupt image, too long for the
- *	  window, a write that violates a constraint) goes to gemma_job_errors with its SQLSTATE and
- *	  the job goes on; a transient failure (the engine restarting, no free
+ *	  window, a write that violates a constraint) goes to gemma_job_errors
+ *	  with its SQLSTATE and the job goes on; a transient failure (the engine restarting, no free
  *	  request slot) puts the row back with a delay, at most
  *	  JOB_MAX_ATTEMPTS times.
  *
@@ -382,7 +382,7 @@ load_job(Job *job, Oid owner)
 			if (job->media_type[m] != BYTEAOID && job->media_type[m] != BYTEAARRAYOID)
 				ereport(ERROR,
 						(errcode(ERRCODE_DATATYPE_MISMATCH),
-						 errmsg("the %s of gemma job " INT64_FORMAT " are of type %s, not bytea or bytea[]",
+						 errmsg("the %s expression of gemma job " INT64_FORMAT " is of type %s, not bytea or bytea[]",
 								m == 0 ? "images" : "audio", job->id, format_type_be(job->media_type[m]))));
 			a_write[3 + m] = job->media_type[m];
 		}
@@ -653,6 +653,10 @@ build_row(Job *job, JobRow *row, HeapTuple tuple, TupleDesc desc, int window)
 		fail_row(row, unpack_sql_state(edata->sqlerrcode), edata->message, false);
 	}
 	PG_END_TRY();
+	/* the request holds its own copy; a bytea[] made of one bytea is a third */
+	for (int m = 0; m < JOB_MEDIA; m++)
+		if (arrays[m] && job->media_type[m] == BYTEAOID)
+			pfree(arrays[m]);
 	MemoryContextSwitchTo(old);
 }
 
@@ -693,6 +697,9 @@ submit_row(JobRow *row)
 	PG_TRY();
 	{
 		row->request = g4_request_start(&row->req, row->items.data, row->items.len);
+		/* the request's segment has the items now (media can be large) */
+		pfree(row->items.data);
+		row->items.data = NULL;
 	}
 	PG_CATCH();
 	{
