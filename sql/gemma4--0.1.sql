@@ -311,6 +311,8 @@ CREATE TABLE gemma_job (
 	key_column name NOT NULL,
 	target_column name NOT NULL,
 	prompt text NOT NULL,
+	images text,								-- expressions of type bytea or bytea[]
+	audio text,
 	condition text,
 	system text,
 	options jsonb NOT NULL DEFAULT '{}',
@@ -423,12 +425,16 @@ CREATE FUNCTION gemma_job_create(relation regclass,
 								 key name DEFAULT NULL,
 								 follow boolean DEFAULT false,
 								 workers int DEFAULT 1,
-								 completion boolean DEFAULT false)
+								 completion boolean DEFAULT false,
+								 images text DEFAULT NULL,
+								 audio text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
 	job bigint;
 	keys name[];
+	media record;
+	media_type regtype;
 	rel text := relation::text;
 	ext text := (SELECT quote_ident(n.nspname) FROM pg_catalog.pg_extension e
 				 JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'gemma4');
@@ -467,20 +473,38 @@ BEGIN
 		RAISE EXCEPTION 'the key column cannot be the target column'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
+	IF completion AND (images IS NOT NULL OR audio IS NOT NULL) THEN
+		RAISE EXCEPTION 'a completion job takes no images or audio'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass completion => false: media go into the chat turn, like gemma_generate''s.';
+	END IF;
 	EXECUTE format('SELECT %s.gemma_job_check_options($1, $2)', ext) USING options, system;
 	-- as the caller, whom the job will run as: the columns exist, the
 	-- expressions parse, and the caller may read and update what they use
 	EXECUTE format('SELECT %I::text, (%s)::text FROM %s WHERE (%s) AND false',
 				   key, prompt, rel, coalesce(condition, 'true'));
 	EXECUTE format('UPDATE %s SET %I = NULL::text WHERE false', rel, target);
+	-- media: the type of each expression, read through an outer join that
+	-- gives one row (of NULLs) whatever the table holds
+	FOR media IN SELECT * FROM (VALUES ('images', images), ('audio', audio)) v(what, expr)
+				  WHERE expr IS NOT NULL LOOP
+		EXECUTE format('SELECT pg_catalog.pg_typeof(m) FROM (SELECT (%s) AS m FROM %s WHERE false) s '
+					   'RIGHT JOIN (VALUES (1)) one ON true', media.expr, rel)
+		   INTO media_type;
+		IF media_type NOT IN ('bytea'::regtype, 'bytea[]'::regtype) THEN
+			RAISE EXCEPTION '% must be of type bytea or bytea[], not %', media.what, media_type
+				USING ERRCODE = 'datatype_mismatch',
+					  HINT = 'Name a bytea or bytea[] column, or an expression of one of these types.';
+		END IF;
+	END LOOP;
 
 	EXECUTE format('INSERT INTO %s.gemma_job (owner, relid, key_column, target_column, prompt, condition, '
-				   'system, options, completion, follow, workers, search_path) '
-				   'VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id', ext)
+				   'system, options, completion, follow, workers, search_path, images, audio) '
+				   'VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id', ext)
 	   INTO job
 	  USING current_user::regrole, relation, key, target, prompt, condition, system,
 			coalesce(options, '{}'), coalesce(completion, false), coalesce(follow, false), workers,
-			pg_catalog.current_setting('search_path');
+			pg_catalog.current_setting('search_path'), images, audio;
 	EXECUTE format('INSERT INTO %s.gemma_job_queue (job_id, key) SELECT $1, %I::text FROM %s WHERE %s',
 				   ext, key, rel, coalesce(condition, 'true')) USING job;
 	IF follow THEN
@@ -497,8 +521,8 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION gemma_job_create(regclass, name, text, text, text, jsonb, name, boolean, int, boolean) IS
-'start a background job that sets target to the answer to prompt (an expression over the table''s columns) for the rows matching condition';
+COMMENT ON FUNCTION gemma_job_create(regclass, name, text, text, text, jsonb, name, boolean, int, boolean, text, text) IS
+'start a background job that sets target to the answer to prompt (an expression over the table''s columns, with images and audio from the row when given) for the rows matching condition';
 
 /* The job as the caller may see it; raises an error when it may not. */
 CREATE FUNCTION gemma_job_get(job bigint)

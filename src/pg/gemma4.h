@@ -40,6 +40,7 @@
 #include "storage/latch.h"
 #include "storage/lwlock.h"
 #include "storage/shm_mq.h"
+#include "utils/array.h"
 #include "utils/jsonb.h"
 
 /* ---- GUCs (module.c) ---------------------------------------------------- */
@@ -505,10 +506,11 @@ extern void g4_engine_proc_main(int sock, const G4EngineConfig *cfg) pg_attribut
 
 /* ---- table jobs (job.c, job_worker.c, generate.c) ---------------------- */
 
-/* A job's request for one row (chat, or raw completion). */
+/* A job's request for one row (chat, or raw completion); images and audio
+ * are bytea[] (NULL: none). */
 extern void g4_build_job_request(G4WireRequest *req, StringInfo items, bool completion,
-								 const char *system, const char *prompt, Jsonb *options,
-								 int window);
+								 const char *system, const char *prompt, ArrayType *images,
+								 ArrayType *audio, Jsonb *options, int window);
 /* An answer's UTF-8 bytes as text in the database encoding. */
 extern text *g4_answer_text(const char *utf8, Size len);
 /* Start the job launcher (the supervisor does, each time it starts). */

@@ -1211,11 +1211,17 @@ gemma_chat(PG_FUNCTION_ARGS)
  */
 void
 g4_build_job_request(G4WireRequest *req, StringInfo items, bool completion, const char *system,
-					 const char *prompt, Jsonb *options, int window)
+					 const char *prompt, ArrayType *images, ArrayType *audio, Jsonb *options,
+					 int window)
 {
 	G4Build		b;
 
 	build_init(&b, completion ? G4_KIND_TEXT : G4_KIND_CHAT);
+	/* in gemma_generate's order */
+	if (images)
+		add_media_array(&b, images, G4_ITEM_IMAGE, "images");
+	if (audio)
+		add_media_array(&b, audio, G4_ITEM_AUDIO, "audio");
 	if (system)
 		add_text_item(&b, G4_ITEM_SYSTEM, system);
 	add_text_item(&b, completion ? G4_ITEM_PROMPT : G4_ITEM_USER, prompt);

@@ -123,7 +123,7 @@ gemma_job_check_options(PG_FUNCTION_ARGS)
 					 errhint("Pass NULL for no system message.")));
 	}
 	/* the window is checked against each row's request */
-	g4_build_job_request(&req, &items, false, system, "-",
+	g4_build_job_request(&req, &items, false, system, "-", NULL, NULL,
 						 PG_ARGISNULL(0) ? NULL : PG_GETARG_JSONB_P(0), INT_MAX);
 	PG_RETURN_VOID();
 }

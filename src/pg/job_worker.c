@@ -15,18 +15,19 @@
  * The queue (gemma_job_queue) holds the keys of the rows still to answer.
  * A worker claims a chunk (FOR UPDATE SKIP LOCKED, marking the rows with
  * its worker number) and commits the claim, evaluates the prompt of each
- * row, and submits the requests through the asynchronous side of queue.c,
+ * row (and its images and audio, when the job has them), and submits the
+ * requests through the asynchronous side of queue.c,
  * keeping up to max_in_flight of them running so the engine has a full
  * batch.  Whenever answers arrive it writes them, in one transaction per
  * wakeup and a subtransaction per row:
  *
  *	- the queue entry is deleted and the target set only where the row's
- *	  prompt still is the one that was answered (and the row still matches
- *	  the condition): an answer to a prompt that changed meanwhile is
- *	  dropped and the row queued again;
- *	- a row that fails (bad input, too long for the window, a write that
- *	  violates a constraint) goes to gemma_job_errors with its SQLSTATE and
- *	  the job goes on; a transient failure (the engine restarting, no free
+ *	  prompt and media still are the ones that were answered (and the row
+ *	  still matches the condition): an answer to a prompt or media that
+ *	  changed meanwhile is dropped and the row queued again;
+ *	- a row that fails (bad input such as a corrupt image, too long for the
+ *	  window, a write that violates a constraint) goes to gemma_job_errors
+ *	  with its SQLSTATE and the job goes on; a transient failure (the engine restarting, no free
  *	  request slot) puts the row back with a delay, at most
  *	  JOB_MAX_ATTEMPTS times.
  *
@@ -68,6 +69,8 @@
 #define JOB_CHECK_MS		1000
 /* The lock tag's last field: advisory locks taken from SQL use 1 and 2. */
 #define JOB_LOCK_FIELD4		71
+/* A job's media expressions: images, then audio (gemma_generate's order). */
+#define JOB_MEDIA			2
 
 /* One claimed row and its request. */
 typedef struct JobRow
@@ -75,6 +78,10 @@ typedef struct JobRow
 	bool		used;
 	char	   *key;
 	char	   *prompt;
+	/* the row's media as read (detoasted copies); written only where the
+	 * row still has these */
+	Datum		media[JOB_MEDIA];
+	bool		media_null[JOB_MEDIA];
 	int			attempts;		/* transient failures so far */
 	MemoryContext cxt;			/* holds the request; deleting it cancels it */
 	G4Request  *request;		/* NULL until submitted */
@@ -98,6 +105,7 @@ typedef struct Job
 	bool		completion;
 	char	   *system;
 	Jsonb	   *options;
+	Oid			media_type[JOB_MEDIA];	/* bytea or bytea[] */
 	int			max_in_flight;
 	JobRow	   *rows;
 	int			in_flight;		/* rows used */
@@ -127,6 +135,8 @@ static void run_job(Job *job);
 static char *read_state(Job *job);
 static bool engine_ready(int *window);
 static void claim_rows(Job *job, int window);
+static void build_row(Job *job, JobRow *row, HeapTuple tuple, TupleDesc desc, int window);
+static ArrayType *media_array(Datum value, Oid type);
 static void submit_rows(Job *job);
 static void submit_row(JobRow *row);
 static void poll_rows(Job *job);
@@ -267,6 +277,7 @@ load_job(Job *job, Oid owner)
 	char	   *target;
 	char	   *prompt;
 	char	   *cond;
+	char	   *media[JOB_MEDIA];
 	Oid			relid;
 	int			workers;
 	MemoryContext old;
@@ -278,7 +289,9 @@ load_job(Job *job, Oid owner)
 	v[0] = Int64GetDatum(job->id);
 	if (SPI_execute_with_args(psprintf("SELECT owner, relid, key_column, target_column, prompt, "
 									   "coalesce(condition, 'true'), system, options, workers, "
-									   "state = 'running', completion, search_path FROM %s WHERE id = $1", jt),
+									   "state = 'running', completion, search_path, "
+									   "coalesce(images, 'NULL::bytea'), coalesce(audio, 'NULL::bytea') "
+									   "FROM %s WHERE id = $1", jt),
 							  1, a_job, v, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read gemma job " INT64_FORMAT, job->id);
 	if (SPI_processed == 0)
@@ -305,6 +318,9 @@ load_job(Job *job, Oid owner)
 	job->options = DatumGetJsonbPCopy(SPI_getbinval(t, d, 8, &isnull));
 	workers = DatumGetInt32(SPI_getbinval(t, d, 9, &isnull));
 	job->completion = DatumGetBool(SPI_getbinval(t, d, 11, &isnull));
+	/* no media: a NULL, compared with the NULL sent (always equal) */
+	media[0] = SPI_getvalue(t, d, 13);
+	media[1] = SPI_getvalue(t, d, 14);
 	MemoryContextSwitchTo(old);
 
 	/* the expressions mean what they meant to the job's creator */
@@ -338,7 +354,7 @@ load_job(Job *job, Oid owner)
 		Oid			a_claim[3] = {INT8OID, INT4OID, INT4OID};
 		Oid			a_keys[1] = {TEXTARRAYOID};
 		Oid			a_take[3] = {INT8OID, TEXTOID, INT4OID};
-		Oid			a_write[3] = {TEXTOID, TEXTOID, TEXTOID};
+		Oid			a_write[3 + JOB_MEDIA] = {TEXTOID, TEXTOID, TEXTOID};
 		Oid			a_key[1] = {TEXTOID};
 		Oid			a_requeue[2] = {INT8OID, TEXTOID};
 		Oid			a_release[5] = {INT8OID, TEXTOID, INT4OID, INT4OID, FLOAT8OID};
@@ -352,12 +368,30 @@ load_job(Job *job, Oid owner)
 								   "AND claimed_by IS NULL AND retry_at <= now() "
 								   "LIMIT $3 FOR UPDATE SKIP LOCKED)) RETURNING key, attempts",
 								   qt, qt), 3, a_claim);
-		job->fetch = plan(psprintf("SELECT %s::text, (%s)::text FROM %s WHERE %s = ANY ($1::%s[]) AND (%s)",
-								   key, prompt, rel, key, keytype, cond), 1, a_keys);
+		job->fetch = plan(psprintf("SELECT %s::text, (%s)::text, (%s), (%s) FROM %s "
+								   "WHERE %s = ANY ($1::%s[]) AND (%s)",
+								   key, prompt, media[0], media[1], rel, key, keytype, cond), 1, a_keys);
+		/* the media's types, from a fetch of no rows (checked when the job
+		 * was created, but a column's type may have changed since) */
+		v[0] = PointerGetDatum(construct_empty_array(TEXTOID));
+		if (SPI_execute_plan(job->fetch, v, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not read the rows of gemma job " INT64_FORMAT, job->id);
+		for (int m = 0; m < JOB_MEDIA; m++)
+		{
+			job->media_type[m] = SPI_gettypeid(SPI_tuptable->tupdesc, 3 + m);
+			if (job->media_type[m] != BYTEAOID && job->media_type[m] != BYTEAARRAYOID)
+				ereport(ERROR,
+						(errcode(ERRCODE_DATATYPE_MISMATCH),
+						 errmsg("the %s expression of gemma job " INT64_FORMAT " is of type %s, not bytea or bytea[]",
+								m == 0 ? "images" : "audio", job->id, format_type_be(job->media_type[m]))));
+			a_write[3 + m] = job->media_type[m];
+		}
 		job->take = plan(psprintf("DELETE FROM %s WHERE job_id = $1 AND key = $2 AND claimed_by = $3",
 								  qt), 3, a_take);
-		job->write = plan(psprintf("UPDATE %s SET %s = $2 WHERE %s = $1::%s AND (%s)::text = $3 AND (%s)",
-								   rel, target, key, keytype, prompt, cond), 3, a_write);
+		job->write = plan(psprintf("UPDATE %s SET %s = $2 WHERE %s = $1::%s AND (%s)::text = $3 "
+								   "AND (%s) IS NOT DISTINCT FROM $4 AND (%s) IS NOT DISTINCT FROM $5 AND (%s)",
+								   rel, target, key, keytype, prompt, media[0], media[1], cond),
+						  3 + JOB_MEDIA, a_write);
 		job->exists = plan(psprintf("SELECT FROM %s WHERE %s = $1::%s AND (%s)",
 									rel, key, keytype, cond), 1, a_key);
 		job->lock = plan(psprintf("SELECT FROM %s WHERE %s = $1::%s FOR UPDATE SKIP LOCKED",
@@ -543,25 +577,15 @@ claim_rows(Job *job, int window)
 	for (i = 0; i < SPI_processed; i++)
 	{
 		char	   *key = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-		char	   *prompt = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
 		int			j;
 
 		for (j = 0; j < job->max_in_flight; j++)
 		{
 			JobRow	   *row = &job->rows[j];
-			MemoryContext old;
 
 			if (!row->used || row->finished || row->prompt || row->request || strcmp(row->key, key) != 0)
 				continue;
-			if (prompt == NULL || prompt[0] == '\0')
-			{
-				fail_row(row, "22004", "the prompt of this row is null or empty", false);
-				break;
-			}
-			old = MemoryContextSwitchTo(row->cxt);
-			row->prompt = pstrdup(prompt);
-			g4_build_job_request(&row->req, &row->items, job->completion, job->system, prompt, job->options, window);
-			MemoryContextSwitchTo(old);
+			build_row(job, row, SPI_tuptable->vals[i], SPI_tuptable->tupdesc, window);
 			break;
 		}
 	}
@@ -580,6 +604,69 @@ claim_rows(Job *job, int window)
 		}
 	}
 	commit_tx();
+}
+
+/*
+ * Build a claimed row's request from what the fetch read: its prompt, and
+ * its images and audio.  A row whose request cannot be built (its prompt
+ * too long, a NULL element in its media array) fails alone.  Building is
+ * computation on values already read (detoasted here, before the error
+ * handler): it takes no lock and touches no buffer, so its error is caught
+ * without a subtransaction.
+ */
+static void
+build_row(Job *job, JobRow *row, HeapTuple tuple, TupleDesc desc, int window)
+{
+	MemoryContext old = MemoryContextSwitchTo(row->cxt);
+	char	   *prompt = SPI_getvalue(tuple, desc, 2);
+	ArrayType  *arrays[JOB_MEDIA] = {NULL, NULL};
+
+	if (prompt == NULL || prompt[0] == '\0')
+	{
+		fail_row(row, "22004", "the prompt of this row is null or empty", false);
+		MemoryContextSwitchTo(old);
+		return;
+	}
+	row->prompt = prompt;
+	for (int m = 0; m < JOB_MEDIA; m++)
+	{
+		Datum		value = SPI_getbinval(tuple, desc, 3 + m, &row->media_null[m]);
+
+		if (row->media_null[m])
+			continue;
+		row->media[m] = PointerGetDatum(PG_DETOAST_DATUM_COPY(value));
+		arrays[m] = media_array(row->media[m], job->media_type[m]);
+	}
+	PG_TRY();
+	{
+		g4_build_job_request(&row->req, &row->items, job->completion, job->system, prompt,
+							 arrays[0], arrays[1], job->options, window);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(row->cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		row->prompt = NULL;		/* not built: nothing to submit */
+		fail_row(row, unpack_sql_state(edata->sqlerrcode), edata->message, false);
+	}
+	PG_END_TRY();
+	/* the request holds its own copy; a bytea[] made of one bytea is a third */
+	for (int m = 0; m < JOB_MEDIA; m++)
+		if (arrays[m] && job->media_type[m] == BYTEAOID)
+			pfree(arrays[m]);
+	MemoryContextSwitchTo(old);
+}
+
+/* A row's media value (bytea or bytea[]) as the bytea[] a request takes. */
+static ArrayType *
+media_array(Datum value, Oid type)
+{
+	if (type == BYTEAOID)
+		return construct_array(&value, 1, BYTEAOID, -1, false, TYPALIGN_INT);
+	return DatumGetArrayTypeP(value);
 }
 
 /* Start the requests of the rows claimed (outside any transaction). */
@@ -610,6 +697,9 @@ submit_row(JobRow *row)
 	PG_TRY();
 	{
 		row->request = g4_request_start(&row->req, row->items.data, row->items.len);
+		/* the request's segment has the items now (media can be large) */
+		pfree(row->items.data);
+		row->items.data = NULL;
 	}
 	PG_CATCH();
 	{
@@ -814,9 +904,12 @@ write_outcome(Job *job, JobRow *row, int64 *counts)
 	if (row->ok)
 	{
 		text	   *answer = g4_answer_text(row->answer.data, row->answer.len);
-		Datum		w[3] = {k[1], PointerGetDatum(answer), text_datum(row->prompt)};
+		Datum		w[3 + JOB_MEDIA] = {k[1], PointerGetDatum(answer), text_datum(row->prompt),
+		row->media[0], row->media[1]};
+		char		nulls[3 + JOB_MEDIA] = {' ', ' ', ' ', row->media_null[0] ? 'n' : ' ',
+		row->media_null[1] ? 'n' : ' '};
 
-		SPI_execute_plan(job->write, w, NULL, false, 0);
+		SPI_execute_plan(job->write, w, nulls, false, 0);
 		if (SPI_processed > 0)
 		{
 			counts[0]++;

@@ -59,6 +59,34 @@ FROM job_docs ORDER BY id;
 SELECT * FROM g4_try(format('SELECT gemma_job_pause(%s)', :job));
 SELECT * FROM g4_try(format('SELECT gemma_job_cancel(%s)', :job));
 SELECT count(*) FROM gemma_job_errors;
+
+-- media columns: a bytea column of images, a bytea[] column of audio clips
+CREATE TABLE job_photos (id int PRIMARY KEY, photo bytea, clips bytea[], caption text);
+INSERT INTO job_photos
+SELECT id, pg_read_binary_file(current_setting('regress.media_dir') || '/' || f), NULL, NULL
+FROM (VALUES (1, 'rgb_48x48.png'), (2, 'grey_50x50.gif'), (3, 'bad/truncated.png')) v(id, f);
+UPDATE job_photos SET clips = ARRAY[pg_read_binary_file(current_setting('regress.media_dir') || '/pcm16_16k_mono.wav')]
+WHERE id = 2;
+-- no media: the prompt alone; a NULL element: the row fails
+INSERT INTO job_photos VALUES (4, NULL, NULL, NULL), (5, NULL, ARRAY[NULL::bytea], NULL);
+SELECT * FROM g4_try($$SELECT gemma_job_create('job_photos', 'caption', $p$'Describe it.'$p$, images => 'caption')$$);
+SELECT * FROM g4_try($$SELECT gemma_job_create('job_photos', 'caption', $p$'Describe it.'$p$, audio => 'nosuch')$$);
+SELECT * FROM g4_try($$SELECT gemma_job_create('job_photos', 'caption', $p$'Describe it.'$p$, images => 'photo', completion => true)$$);
+SELECT gemma_job_create('job_photos', 'caption', $$'Describe it.'$$, images => 'photo', audio => 'clips',
+                        options => '{"max_tokens": 6, "max_soft_tokens": 70}') AS job \gset
+SELECT g4_wait_job(:job);
+SELECT rows_total, rows_done, rows_failed, rows_pending FROM gemma_jobs WHERE job = :job;
+-- each row holds what gemma_generate gives it, with the same media and budget
+SELECT id, caption IS NOT NULL AS answered,
+       caption IS NOT DISTINCT FROM
+           CASE WHEN id IN (1, 2, 4)
+                THEN gemma_generate('Describe it.', CASE WHEN photo IS NOT NULL THEN ARRAY[photo] END, clips,
+                                    max_tokens => 6, max_soft_tokens => 70) END AS ok
+FROM job_photos ORDER BY id;
+-- the images mattered
+SELECT count(DISTINCT caption) AS distinct_captions FROM job_photos WHERE id IN (1, 2, 4);
+SELECT row_key, sqlstate, message FROM gemma_job_errors WHERE job_id = :job ORDER BY row_key;
+
 DROP FUNCTION g4_wait_job(bigint);
-DROP TABLE job_docs, job_nokey;
+DROP TABLE job_docs, job_nokey, job_photos;
 DROP ROLE g4_job_nologin;

@@ -10,6 +10,8 @@
 #     exactly once, none is left;
 #   - "keep up to date": rows changed during the job, and rows inserted
 #     later, end with the answer to their current prompt, never a stale one;
+#   - media columns: a row whose image changed while it was answered is
+#     queued again and answered from its new image;
 #   - privileges: a job cannot read what its creator cannot, another role
 #     neither sees nor cancels it, a member of the creator's role does.
 use strict;
@@ -274,6 +276,41 @@ fault('restart -m immediate', sub {
 		0,
 		'follow: every row holds the answer to its current prompt');
 	$node->safe_psql('postgres', "SELECT gemma_job_cancel($job); DELETE FROM docs WHERE id = 1001");
+}
+
+# ---- media: an image changed while it was answered ------------------------
+{
+	my $media = "$FindBin::RealBin/../../fixtures/media";
+	$node->safe_psql(
+		'postgres', qq{
+CREATE TABLE photos (id int PRIMARY KEY, photo bytea, caption text);
+INSERT INTO photos VALUES (1, pg_read_binary_file('$media/rgb_48x48.png')),
+                          (2, pg_read_binary_file('$media/grey_50x50.gif'));
+CREATE TABLE photo_answers AS
+  SELECT gemma_generate('Describe it.', ARRAY[pg_read_binary_file('$media/rgb_48x48.png')], max_tokens => 6) AS old,
+         gemma_generate('Describe it.', ARRAY[pg_read_binary_file('$media/rgb_64x64.png')], max_tokens => 6) AS new;
+});
+	is($node->safe_psql('postgres', 'SELECT old <> new FROM photo_answers'), 't', 'media: the two images give different answers');
+	# row 1 is locked here, so its answer waits to be written; the image
+	# changes meanwhile
+	my $holder = $node->background_psql('postgres');
+	$holder->query_safe('BEGIN; SELECT FROM photos WHERE id = 1 FOR UPDATE');
+	my $finished = $node->safe_psql('postgres', 'SELECT finished FROM gemma_stats');
+	my $job = $node->safe_psql('postgres',
+		"SELECT gemma_job_create('photos', 'caption', \$\$'Describe it.'\$\$, images => 'photo', options => $GEN)");
+	ok( $node->poll_query_until(
+			'postgres',
+			"SELECT s.finished = $finished + 2 AND j.rows_done = 1 FROM gemma_stats s, gemma_jobs j WHERE j.job = $job"),
+		'media: both rows answered, row 1 waits to be written');
+	$holder->query_safe("UPDATE photos SET photo = pg_read_binary_file('$media/rgb_64x64.png') WHERE id = 1; COMMIT");
+	$holder->quit;
+	my ($state) = wait_job($job, 'media', 2);
+	is($state, 'done', 'media: the job is done');
+	is($node->safe_psql('postgres', 'SELECT p.caption = a.new FROM photos p, photo_answers a WHERE p.id = 1'),
+		't', 'media: the changed row holds the answer to its new image, not the stale one');
+	is($node->safe_psql('postgres', 'SELECT finished FROM gemma_stats'),
+		$finished + 3, 'media: the changed row was answered again, once');
+	$node->safe_psql('postgres', 'DROP TABLE photos, photo_answers');
 }
 
 # ---- privileges -------------------------------------------------------------
