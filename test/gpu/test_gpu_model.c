@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine_internal.h"
 #include "harness.h"
 #include "step_driver.h"
 #include "test.h"
@@ -611,5 +612,120 @@ G4_TEST(gpu_model_score_matches_cpu)
 	free(gt.rows);
 	free(ct.rows);
 	free(ids);
+	h_golden_free(&G);
+}
+
+/* One run of the image prompt on one engine: by its request (the engine's
+ * own embedders) or, with sq, on sq's ids, rows and image block. */
+static int
+media_run(g4_engine *e, const g4_request *req, const g4_seq *sq, trace *t, g4_err *err)
+{
+	g4_request	treq;
+	int			i,
+				rc,
+				steps = 0;
+
+	memset(t, 0, sizeof(*t));
+	for (i = 0; i < N_CASES; i++)
+		t->id[i] = UINT64_MAX;
+	g4_set_hooks(e, trace_logits, trace_token, t);
+	if (sq)
+	{
+		h_token_request(&treq, sq->tok, sq->n_prompt, 16);
+		rc = g4_submit_embeds(e, &treq, sq->n_embeds, sq->embed_pos, sq->embed_rows, sq->mm_block, &t->id[0], err);
+	}
+	else
+		rc = g4_submit(e, req, &t->id[0], err);
+	while (rc == G4_OK && !t->finished[0] && steps++ < 1000)
+		rc = g4_step(e, trace_event, t, err) < 0 ? err->code : G4_OK;
+	return rc != G4_OK ? rc : t->finished[0] == 1 && t->logits[0] ? G4_OK : G4_ERR_INTERNAL;
+}
+
+/*
+ * An image prompt through the engine, CUDA against CPU (f32 pool), split
+ * where the two differ by design.  The embedders' matmuls of more than 16
+ * rows round activations to bf16 on the GPU (test_gpu_ops.c media_embed:
+ * the rows within that class), and the fixture's random decoder magnifies
+ * such a perturbation of 280 soft-token rows.  So each decoder is given the
+ * same rows, once the CPU's and once the CUDA engine's own (the CUDA engine
+ * end to end against the CPU decoder on the CUDA rows): both times the first
+ * logits must agree within the float32 bound of the golden text case of
+ * about the same length ("long": 2 x (3 x its fp32-vs-fp64 distance +
+ * 1e-6)) and the 16 greedy tokens must be identical.  A wrong image block
+ * mask or soft-token placement on either backend would move the logits by
+ * O(1).
+ */
+G4_TEST(gpu_media_matches_cpu)
+{
+	static const char *const src_name[] = {"CPU rows", "CUDA rows, CUDA end to end"};
+	g4_message	msg = {G4_ROLE_USER, "Describe what you are given in one sentence.", NULL, 0};
+	char		path[4096];
+	char	   *data = NULL;
+	size_t		len;
+	g4_media	m;
+	g4_options	o;
+	g4_engine  *ce,
+			   *ge;
+	g4_request	req;
+	double		bound;
+	g4_err		err;
+	int			src,
+				i;
+
+	NEED_GPU_FIXTURE();
+	bound = 2.0 * (ERR_FACTOR * g4j_get_num(h_golden_case(&G, "long"), "fp32_vs_fp64", 0.0) + ERR_FLOOR);
+	snprintf(path, sizeof(path), "%s/test/fixtures/media/photo_640x480.jpg", g4_test_srcdir());
+	CHECK_OK(g4_read_file(path, &data, &len, &err), &err);
+	m.kind = G4_MEDIA_IMAGE;
+	m.data = (const uint8_t *) data;
+	m.len = len;
+	memset(&req, 0, sizeof(req));
+	req.input_kind = G4_INPUT_CHAT;
+	req.messages = &msg;
+	req.n_messages = 1;
+	req.max_tokens = 16;
+	g4_sampling_default(&req.sampling);
+	req.media = &m;
+	req.n_media = 1;
+	h_options(&o, model);
+	o.kv_dtype = G4_KV_F32;
+	CHECK_OK(g4_open(&o, &ce, &err), &err);
+	o.backend = G4_BACKEND_CUDA;
+	CHECK_OK(g4_open(&o, &ge, &err), &err);
+	for (src = 0; src < 2; src++)
+	{
+		g4_engine  *rows_from = src == 0 ? ce : ge;
+		g4_seq	   *sq = g4_seq_prepare(rows_from, &req, NULL, &err);
+		trace	   *tg = calloc(1, sizeof(trace)),
+				   *tc = calloc(1, sizeof(trace));
+		char		label[96];
+		double		dl;
+		int			differing;
+
+		CHECK_MSG(sq != NULL, "prepare: %s", err.msg);
+		CHECK_OK(g4_seq_embed_media(rows_from, sq, &err), &err);
+		CHECK_OK(media_run(ge, &req, src == 0 ? sq : NULL, tg, &err), &err);
+		CHECK_OK(media_run(ce, &req, sq, tc, &err), &err);
+		dl = h_max_abs_diff(tg->logits[0], tc->logits[0], tc->vocab, NULL);
+		differing = tg->n_tok[0] != tc->n_tok[0];
+		for (i = 0; i < tg->n_tok[0] && i < tc->n_tok[0]; i++)
+			differing += tg->tok[0][i] != tc->tok[0][i];
+		snprintf(label, sizeof(label), "%s: first logits max|gpu-cpu|", src_name[src]);
+		printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", "media decoder", label, dl, bound,
+			   dl <= bound ? "ok" : "FAIL");
+		snprintf(label, sizeof(label), "%s: 16 greedy tokens differing", src_name[src]);
+		printf("PARITY %-18s | %-44s | %10d | %8d | %s\n", "media decoder", label, differing, 0,
+			   differing == 0 ? "ok" : "FAIL");
+		CHECK_MSG(dl <= bound, "%s: first logits differ by %.3g", src_name[src], dl);
+		CHECK_MSG(differing == 0, "%s: %d greedy tokens differ", src_name[src], differing);
+		trace_free(tg);
+		trace_free(tc);
+		free(tg);
+		free(tc);
+		g4_seq_free(sq);
+	}
+	g4_close(ge);
+	g4_close(ce);
+	free(data);
 	h_golden_free(&G);
 }
