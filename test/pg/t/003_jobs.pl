@@ -111,8 +111,9 @@ sub wait_reconnected
 {
 	for (1 .. 600)
 	{
-		my $ready = eval { $node->safe_psql('postgres', 'SELECT gemma_wait_ready(60000)') };
-		return if defined $ready && $ready eq 't';
+		# psql, not safe_psql: a refused or cut connection is no error here
+		my ($ret, $ready) = $node->psql('postgres', 'SELECT gemma_wait_ready(60000)');
+		return if $ret == 0 && $ready eq 't';
 		select(undef, undef, undef, 0.1);
 	}
 	die 'the server did not come back after the crash';
