@@ -1,0 +1,388 @@
+/*
+ * attention.cuh — what the attention kernels share: their arguments, the
+ * paged pool's head blocks, decoding stored K/V elements (float32, bf16,
+ * turboquant_k8v4 through kvformat.h), the Hadamard rotation of rows in
+ * shared memory, and the f16 tile decoding of one 16-key pool block for
+ * the tensor-core kernels.  The kernels and their dispatch: attention.cu.
+ */
+#ifndef G4_ATTENTION_CUH
+#define G4_ATTENTION_CUH
+
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+#define ATTN_SPLIT_MIN_KEYS 32
+
+struct attn_args
+{
+	int			dtype;
+	int			k_eq_v;
+	int			rotated;		/* turboquant and not k_eq_v */
+	int			hd;
+	int			n_kv;
+	int			gq;				/* query heads per KV head */
+	float		scale;
+	const float *knorm;			/* k_eq_v */
+	const float *inv_freq;		/* k_eq_v */
+	const uint8_t *layer_base;
+	size_t		layer_block_bytes;
+	size_t		head_block_bytes;
+	const int32_t *table;
+	int			max_blocks;
+	const float *q;
+	int			q_stride;
+	float	   *out;
+	int			out_stride;		/* n_heads * hd */
+	const int32_t *slot,
+			   *lo,
+			   *hi;
+	const int32_t *tiles;		/* tc: first token of each tile, then n */
+	int			S;				/* splits (gridDim.y) */
+	float	   *partial;		/* [group][split][row][hd + 2] when S > 1 */
+	unsigned   *status;
+};
+
+/* Head block of (slot, position) for KV head g, or NULL. */
+__device__ __forceinline__ const uint8_t *
+kv_head_block(const attn_args &a, int slot, int p, int g)
+{
+	int32_t		blk = a.table[(size_t) slot * (size_t) a.max_blocks + (size_t) (p / G4_KV_BLOCK_TOKENS)];
+
+	if (blk < 0)
+		return NULL;
+	return a.layer_base + (size_t) blk * a.layer_block_bytes + (size_t) g * a.head_block_bytes;
+}
+
+/* n bytes (1..64, a power of two, naturally aligned), global or shared */
+template <int NB>
+__device__ __forceinline__ void
+load_bytes(const uint8_t *p, uint8_t *dst)
+{
+	if constexpr (NB >= 16)
+	{
+#pragma unroll
+		for (int i = 0; i < NB / 16; i++)
+			reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(p)[i];
+	}
+	else if constexpr (NB == 8)
+		*reinterpret_cast<uint2 *>(dst) = *reinterpret_cast<const uint2 *>(p);
+	else if constexpr (NB == 4)
+		*reinterpret_cast<uint32_t *>(dst) = *reinterpret_cast<const uint32_t *>(p);
+	else if constexpr (NB == 2)
+		*reinterpret_cast<uint16_t *>(dst) = *reinterpret_cast<const uint16_t *>(p);
+	else
+		*dst = *p;
+}
+
+/* Decode E consecutive elements starting at d0 of the stored K (k = true)
+ * or V of one (token, head) slot.  For k_eq_v layers both are the stored
+ * vector. */
+template <int DT, int E>
+__device__ __forceinline__ void
+decode_elems(const uint8_t *hb, int off, int hd, int d0, bool k, bool k_eq_v, float *x)
+{
+	if (DT == G4_KV_F32)
+	{
+		float		v[E];
+		const float *p = reinterpret_cast<const float *>(hb) + (size_t) ((k || k_eq_v) ? off : G4_KV_BLOCK_TOKENS + off) * hd + d0;
+
+		load_bytes<E * 4>(reinterpret_cast<const uint8_t *>(p), reinterpret_cast<uint8_t *>(v));
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			x[e] = v[e];
+	}
+	else if (DT == G4_KV_BF16)
+	{
+		uint16_t	v[E];
+		const uint16_t *p = reinterpret_cast<const uint16_t *>(hb) + (size_t) ((k || k_eq_v) ? off : G4_KV_BLOCK_TOKENS + off) * hd + d0;
+
+		load_bytes<E * 2>(reinterpret_cast<const uint8_t *>(p), reinterpret_cast<uint8_t *>(v));
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			x[e] = g4_bf16_to_f32(v[e]);
+	}
+	else if (k || k_eq_v)
+	{
+		int8_t		v[E];
+		float		s = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_kscale_off(hd) + 2 * (size_t) off));
+
+		load_bytes<E>(hb + (size_t) off * hd + d0, reinterpret_cast<uint8_t *>(v));
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			x[e] = g4_kv_k8_value(v[e], s);
+	}
+	else
+	{
+		int			G = g4_kv_v4_group(hd);
+		const uint8_t *vq = hb + g4_kv_tq_v_off(hd) + (size_t) off * (size_t) (hd / 2);
+		const uint16_t *vs = reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_vscale_off(hd) + (size_t) off * (size_t) (hd / G) * 2);
+
+		if constexpr (E >= 2)
+		{
+			uint8_t		v[E / 2];
+			float		s = g4_f16_to_f32(vs[d0 / G]);	/* E divides G */
+
+			load_bytes<E / 2>(vq + d0 / 2, v);
+#pragma unroll
+			for (int e = 0; e < E / 2; e++)
+			{
+				x[2 * e] = g4_kv_v4_value(v[e] & 15, s);
+				x[2 * e + 1] = g4_kv_v4_value(v[e] >> 4, s);
+			}
+		}
+		else
+		{
+			uint8_t		b = vq[d0 / 2];
+			float		s = g4_f16_to_f32(vs[d0 / G]);
+
+			x[0] = g4_kv_v4_value((b >> (4 * (d0 & 1))) & 15, s);
+		}
+	}
+}
+
+/* Hadamard of `rows` rows of n floats in shared memory (whole block). */
+static __device__ void
+hadamard_rows_smem(float *x, int rows, int n, int stride)
+{
+	for (int len = 1; len < n; len <<= 1)
+	{
+		for (int q = threadIdx.x; q < rows * (n / 2); q += blockDim.x)
+			g4_hadamard_butterfly(x + (size_t) (q / (n / 2)) * stride, len, q % (n / 2));
+		__syncthreads();
+	}
+	{
+		float		norm = g4_hadamard_norm(n);
+
+		for (int q = threadIdx.x; q < rows * n; q += blockDim.x)
+		{
+			float	   *p = x + (size_t) (q / n) * stride + (q % n);
+
+			*p = __fmul_rn(*p, norm);
+		}
+	}
+	__syncthreads();
+}
+
+/* Where the output row r of a block goes: token t0 + r / gq, query head
+ * g·gq + r % gq; NULL for rows past the block's tokens. */
+struct row_map
+{
+	float	   *out;
+	int			out_stride;
+	int			t0;
+	int			ntok;
+	int			gq;
+	int			g;
+	int			hd;
+
+	__device__ __forceinline__ float *row(int r) const
+	{
+		int			tt = r / gq;
+
+		if (tt >= ntok)
+			return NULL;
+		return out + (size_t) (t0 + tt) * out_stride + (size_t) (g * gq + r % gq) * hd;
+	}
+};
+
+/* ==== tensor-core tiles ============================================================ */
+
+/* Byte offset of element (row, d) of a 16-bit [rows][HD] tile whose 16-byte
+ * chunks are XOR-swizzled by row (conflict-free ldmatrix). */
+template <int HD>
+__device__ __forceinline__ int
+swz(int row, int d)
+{
+	return row * HD * 2 + ((((d >> 3) ^ (row & 7))) << 4) + ((d & 7) << 1);
+}
+
+/* sin and cos of a float32 angle: Cody-Waite reduction by 2π then the fast
+ * intrinsic (|error| ~ 1e-6, below the f16 rounding of the keys) */
+__device__ __forceinline__ void
+sincos_reduced(float angle, float *s, float *c)
+{
+	float		k = rintf(angle * 0.15915494309189535f);
+	float		r = fmaf(-k, 6.28318548202514648f, angle);
+
+	r = fmaf(k, 1.7484555314695172e-7f, r);
+	__sincosf(r, s, c);
+}
+
+template <int HD, int DT, bool KEQV, int RG>
+struct tc_geom
+{
+	static constexpr int NTH = 128 * RG;
+	static constexpr int R = 16 * RG;	/* query rows */
+	static constexpr int DW = HD / 4;	/* head dims per warp */
+	static constexpr int TPK = NTH / 16;	/* threads per key when decoding a block */
+	/* a piece is 8 consecutive dims (k_eq_v: 8 dims of each half) */
+	static constexpr int PIECES = KEQV ? HD / 16 : HD / 8;
+	static constexpr int PPT = PIECES / TPK;
+	static constexpr int EB = DT == G4_KV_F32 ? 4 : DT == G4_KV_BF16 ? 2 : 1;	/* key bytes per element */
+	static constexpr int Q_BYTES = R * HD * 2;
+	static constexpr int KV_BYTES = 2 * 16 * HD * 2;
+	static constexpr int SX_BYTES = RG * 4 * 256 * 4;
+	/* rotated (turboquant, not k_eq_v) queries and outputs pass through
+	 * float rows placed after Qs, over Ks / Vs */
+	static constexpr bool ROT = DT == G4_KV_TURBOQUANT_K8V4 && !KEQV;
+	static constexpr int STAGE_BYTES = ROT ? R * HD * 4 : 0;
+	static constexpr int MAIN_BYTES = Q_BYTES + (KV_BYTES > STAGE_BYTES ? KV_BYTES : STAGE_BYTES);
+	static constexpr int SMEM = MAIN_BYTES + SX_BYTES + (HD + HD / 2) * 4 + R * 8;
+};
+
+/* Raw bytes of one thread's pieces of one pool block. */
+template <int HD, int DT, bool KEQV, int RG>
+struct tc_raw
+{
+	using G = tc_geom<HD, DT, KEQV, RG>;
+	uint8_t		k[G::PPT][8 * G::EB * (KEQV ? 2 : 1)];	/* KEQV: lower then upper half */
+	uint8_t		v[KEQV ? 1 : G::PPT][KEQV ? 1 : (DT == G4_KV_TURBOQUANT_K8V4 ? 4 : 8 * G::EB)];
+	float		ks;				/* turboquant key scale */
+	float		vs[G::PPT];		/* turboquant value scale per piece */
+	bool		ok;
+};
+
+template <int HD, int DT, bool KEQV, int RG>
+__device__ __forceinline__ void
+tc_load_raw(const attn_args &a, int slot, int g, int b, tc_raw<HD, DT, KEQV, RG> &raw)
+{
+	using G = tc_geom<HD, DT, KEQV, RG>;
+	int			j = threadIdx.x / G::TPK;
+	int			c = threadIdx.x % G::TPK;
+	const uint8_t *hb = kv_head_block(a, slot, b * G4_KV_BLOCK_TOKENS, g);
+
+	raw.ok = hb != NULL;
+	if (!hb)
+		return;
+	if (DT == G4_KV_TURBOQUANT_K8V4)
+		raw.ks = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_kscale_off(HD) + 2 * j));
+#pragma unroll
+	for (int i = 0; i < G::PPT; i++)
+	{
+		int			d = 8 * (c + G::TPK * i);	/* first dim of the piece */
+		const uint8_t *krow = hb + (size_t) j * HD * G::EB;
+
+		load_bytes<8 * G::EB>(krow + (size_t) d * G::EB, raw.k[i]);
+		if (KEQV)
+			load_bytes<8 * G::EB>(krow + (size_t) (d + HD / 2) * G::EB, raw.k[i] + 8 * G::EB);
+		else if (DT == G4_KV_TURBOQUANT_K8V4)
+		{
+			const int	GR = g4_kv_v4_group(HD);	/* a multiple of the piece's 8 */
+
+			load_bytes<4>(hb + g4_kv_tq_v_off(HD) + (size_t) j * (HD / 2) + d / 2, raw.v[i]);
+			raw.vs[i] = g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_vscale_off(HD) + (size_t) j * (HD / GR) * 2 + (size_t) (d / GR) * 2));
+		}
+		else
+			load_bytes<8 * G::EB>(hb + (size_t) (G4_KV_BLOCK_TOKENS + j) * HD * G::EB + (size_t) d * G::EB, raw.v[KEQV ? 0 : i]);
+	}
+}
+
+template <int DT, int EB>
+__device__ __forceinline__ float
+raw_elem(const uint8_t *p, int e, float s)
+{
+	if (DT == G4_KV_F32)
+		return reinterpret_cast<const float *>(p)[e];
+	if (DT == G4_KV_BF16)
+		return g4_bf16_to_f32(reinterpret_cast<const uint16_t *>(p)[e]);
+	return g4_kv_k8_value(reinterpret_cast<const int8_t *>(p)[e], s);
+}
+
+/* Decode the raw pieces into Ks / Vs (f16, swizzled).  Positions outside
+ * the block's key range [ks, ke) may hold anything (never written, or left
+ * by a finished sequence): they become zeros, since a masked probability of
+ * 0 times a NaN value would still be NaN. */
+template <int HD, int DT, bool KEQV, int RG>
+__device__ __forceinline__ void
+tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, KEQV, RG> &raw, unsigned char *Ks,
+			   unsigned char *Vs, const float *knorm_s, const float *invf_s)
+{
+	using G = tc_geom<HD, DT, KEQV, RG>;
+	int			j = threadIdx.x / G::TPK;
+	int			c = threadIdx.x % G::TPK;
+	int			p = b * G4_KV_BLOCK_TOKENS + j;
+	bool		live = raw.ok && p >= ks && p < ke;
+
+#pragma unroll
+	for (int i = 0; i < G::PPT; i++)
+	{
+		int			d = 8 * (c + G::TPK * i);
+		float		kx[8],
+					vx[8];
+
+		if (!live)
+		{
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				kx[e] = vx[e] = 0.0f;
+		}
+		if (KEQV)
+		{
+			float		ky[8],
+						vy[8];
+
+			if (live)
+			{
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+				{
+					float		lo = raw_elem<DT, G::EB>(raw.k[i], e, raw.ks);
+					float		hi = raw_elem<DT, G::EB>(raw.k[i] + 8 * G::EB, e, raw.ks);
+					float		kl = lo * knorm_s[d + e];
+					float		kh = hi * knorm_s[d + e + HD / 2];
+					float		f = invf_s[d + e];
+
+					vx[e] = lo;
+					vy[e] = hi;
+					if (f != 0.0f)
+					{
+						float		s,
+									co;
+
+						sincos_reduced(__fmul_rn((float) p, f), &s, &co);
+						kx[e] = kl * co - kh * s;
+						ky[e] = kh * co + kl * s;
+					}
+					else
+					{
+						kx[e] = kl;
+						ky[e] = kh;
+					}
+				}
+			}
+			else
+			{
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+					ky[e] = vy[e] = 0.0f;
+			}
+			*reinterpret_cast<uint4 *>(Ks + swz<HD>(j, d + HD / 2)) =
+				make_uint4(g4c_pack_f16(ky[0], ky[1]), g4c_pack_f16(ky[2], ky[3]), g4c_pack_f16(ky[4], ky[5]), g4c_pack_f16(ky[6], ky[7]));
+			*reinterpret_cast<uint4 *>(Vs + swz<HD>(j, d + HD / 2)) =
+				make_uint4(g4c_pack_f16(vy[0], vy[1]), g4c_pack_f16(vy[2], vy[3]), g4c_pack_f16(vy[4], vy[5]), g4c_pack_f16(vy[6], vy[7]));
+		}
+		else if (live)
+		{
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+			{
+				kx[e] = raw_elem<DT, G::EB>(raw.k[i], e, raw.ks);
+				if (DT == G4_KV_TURBOQUANT_K8V4)
+				{
+					int			byte = raw.v[i][e >> 1];
+
+					vx[e] = g4_kv_v4_value((byte >> (4 * (e & 1))) & 15, raw.vs[i]);
+				}
+				else
+					vx[e] = raw_elem<DT, G::EB>(raw.v[i], e, 0.0f);
+			}
+		}
+		*reinterpret_cast<uint4 *>(Ks + swz<HD>(j, d)) =
+			make_uint4(g4c_pack_f16(kx[0], kx[1]), g4c_pack_f16(kx[2], kx[3]), g4c_pack_f16(kx[4], kx[5]), g4c_pack_f16(kx[6], kx[7]));
+		*reinterpret_cast<uint4 *>(Vs + swz<HD>(j, d)) =
+			make_uint4(g4c_pack_f16(vx[0], vx[1]), g4c_pack_f16(vx[2], vx[3]), g4c_pack_f16(vx[4], vx[5]), g4c_pack_f16(vx[6], vx[7]));
+	}
+}
+
+#endif
