@@ -7,7 +7,9 @@
  * sides compute in float32 from the same weights; as in test_model.c the
  * engine's logits must be as close to the float64 reference as
  * transformers' own float32 run is, within a factor of 3 (+1e-6), and the
- * proposed ids must be identical.  A mismatched assistant is refused.
+ * proposed ids must be identical.  A drafting round's choices made on the
+ * device equal those made on the host from the downloaded logits.  A
+ * mismatched assistant is refused.
  *
  * The engine with drafting: greedy outputs identical to those without (each
  * KV dtype, alone and batched, with the assistant's drafts and with oracle

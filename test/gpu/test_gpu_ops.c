@@ -5,8 +5,9 @@
  * Each check prints one line "PARITY op | case | metric | bound | ok" and
  * the bound it must meet, with the reason for that bound:
  *  - exact: integer / copy / encode operations must agree bit for bit
- *    (embedding rows, logit-row gathering, the KV encodings, the sampler's
- *    choice), and so must a matmul repeated on the same inputs;
+ *    (embedding rows, the draft model's input rows, logit-row gathering,
+ *    the KV encodings, the sampler's and argmax's choice), and so must a
+ *    matmul repeated on the same inputs;
  *  - float32-class: float32 arithmetic in another order (norms, RoPE with
  *    sincosf's 2-ulp error, float32 and split-bf16 matmuls): max |gpu - cpu|
  *    relative to the magnitude of the terms involved, 3e-5 at most;
