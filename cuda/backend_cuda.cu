@@ -654,9 +654,12 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 /* ---- step graphs ---------------------------------------------------------------- */
 
 static int
-cu_graph_begin(g4_backend *be)
+cu_graph_begin(g4_backend *be, uint64_t tag)
 {
 	g4_cuda    *c = g4c_of(be);
+	/* the step's shape and what is issued for it: a forward step and a
+	 * draft round of the same rows are different graphs */
+	uint64_t	key = mix(c->step_key, tag);
 	int			i,
 				free_i = -1,
 				lru = 0;
@@ -668,7 +671,7 @@ cu_graph_begin(g4_backend *be)
 	{
 		g4c_graph  *gr = &c->graphs[i];
 
-		if (gr->uses > 0 && gr->key == c->step_key)
+		if (gr->uses > 0 && gr->key == key)
 		{
 			gr->last_use = ++c->graph_clock;
 			gr->uses++;
@@ -693,7 +696,7 @@ cu_graph_begin(g4_backend *be)
 			cudaGraphExecDestroy(c->graphs[lru].exec);
 		memset(&c->graphs[lru], 0, sizeof(c->graphs[lru]));
 	}
-	c->graphs[free_i].key = c->step_key;
+	c->graphs[free_i].key = key;
 	c->graphs[free_i].uses = 1;
 	c->graphs[free_i].last_use = ++c->graph_clock;
 	return 0;
@@ -789,6 +792,8 @@ static const g4_backend_ops cuda_ops = {
 	.attention = g4c_attention,
 	.geglu = g4c_geglu,
 	.add_rmsnorm = g4c_add_rmsnorm,
+	.embed_concat = g4c_embed_concat,
+	.argmax = g4c_argmax,
 	.gather_logit_rows = g4c_gather_logit_rows,
 	.softcap = g4c_softcap,
 	.sync = cu_sync,

@@ -404,6 +404,8 @@ g4c_launch(g4_cuda *c, const char *what, void (*kernel) (KArgs...), dim3 grid, d
 
 /* elementwise.cu */
 int			g4c_embed(g4_backend *be, const g4_weight *table, float scale, float *out);
+int			g4c_embed_concat(g4_backend *be, const g4_weight *table, float scale, const int32_t *ids,
+							 const float *h, int h_dim, int n, float *out);
 int			g4c_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
 int			g4c_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
 int			g4c_softcap(g4_backend *be, float *x, size_t count, float cap);
@@ -416,6 +418,7 @@ int			g4c_add_pos2d(g4_backend *be, float *x, const float *table, const int32_t 
 /* sample.cu */
 int			g4c_sample(g4_backend *be, float *logits, int n, int vocab, const int32_t *suppress,
 					   int n_suppress, const g4_row_sampling *rows, int32_t *ids);
+int			g4c_argmax(g4_backend *be, const float *logits, int n, int vocab, int32_t *ids);
 /* norm_rope.cu */
 int			g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim,
 						float eps, float *y);

@@ -1,6 +1,6 @@
 /*
- * elementwise.cu — embedding lookup, GeGLU, logit-row gathering and
- * soft-capping.
+ * elementwise.cu — embedding lookup (alone, or followed by given rows: the
+ * draft model's input), GeGLU, logit-row gathering and soft-capping.
  *
  * Numerics as ops_dense.c: the embedding row is decoded exactly and
  * multiplied by the scale once; GELU is the tanh approximation with an
@@ -77,6 +77,43 @@ g4c_embed(g4_backend *be, const g4_weight *w, float scale, float *out)
 		return G4_OK;
 	return g4c_launch(c, "embed", embed_kernel, grid, dim3(256), 0, w->kind, (const void *) w->data,
 					  (const uint16_t *) w->scales, w->out, w->in, w->ktiles, (const int32_t *) c->d_token, scale, out);
+}
+
+/* Rows [table[ids[t]] * scale, h[t]]: blockIdx.y covers both parts. */
+__global__ void
+embed_concat_kernel(int kind, const void *data, const uint16_t *scales, int64_t out_rows, int64_t in, int64_t ktiles,
+					const int32_t *ids, float scale, const float *h, int h_dim, float *out)
+{
+	int			t = blockIdx.x;
+	int64_t		k = (int64_t) blockIdx.y * blockDim.x + threadIdx.x;
+	float	   *dst = out + (size_t) t * (size_t) (in + h_dim);
+	int32_t		tok;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	if (k >= in + h_dim)
+		return;
+	if (k >= in)
+	{
+		dst[k] = h[(size_t) t * (size_t) h_dim + (size_t) (k - in)];
+		return;
+	}
+	tok = ids[t];
+	if (tok >= 0 && tok < out_rows)	/* valid by contract */
+		dst[k] = __fmul_rn(weight_elem(kind, data, scales, in, ktiles, tok, k), scale);
+}
+
+int
+g4c_embed_concat(g4_backend *be, const g4_weight *w, float scale, const int32_t *ids, const float *h, int h_dim,
+				 int n, float *out)
+{
+	g4_cuda    *c = g4c_of(be);
+	dim3		grid(n, (unsigned) ((w->in + h_dim + 255) / 256));
+
+	if (n <= 0)
+		return G4_OK;
+	return g4c_launch(c, "embed_concat", embed_concat_kernel, grid, dim3(256), 0, w->kind, (const void *) w->data,
+					  (const uint16_t *) w->scales, w->out, w->in, w->ktiles, ids, scale, h, h_dim, out);
 }
 
 /* ---- GeGLU ---------------------------------------------------------------- */

@@ -444,6 +444,30 @@ sample_kernel(float *logits, int vocab, const int32_t *suppress, int n_suppress,
 		ids[blockIdx.x] = best;
 }
 
+/* The greedy choice alone, left on the device (the draft model's next
+ * input): no suppressed ids, logits unchanged. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+argmax_kernel(const float *logits, int vocab, int32_t *ids)
+{
+	int			best;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	best = block_argmax(logits + (size_t) blockIdx.x * (size_t) vocab, vocab);
+	if (threadIdx.x == 0)
+		ids[blockIdx.x] = best;
+}
+
+int
+g4c_argmax(g4_backend *be, const float *logits, int n, int vocab, int32_t *ids)
+{
+	g4_cuda    *c = g4c_of(be);
+
+	if (n <= 0)
+		return G4_OK;
+	return g4c_launch(c, "argmax", argmax_kernel, dim3(n), dim3(SAMPLE_THREADS), 0, logits, vocab, ids);
+}
+
 /* Grow a device (and optionally pinned host) staging array to n entries. */
 static int
 grow(g4_cuda *c, void **dev, void **host, int *cap, int n, size_t elem)

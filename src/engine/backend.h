@@ -122,6 +122,9 @@ typedef struct
 
 typedef struct g4_backend g4_backend;
 
+/* The graph tag of g4_model_forward's steps. */
+#define G4_GRAPH_FORWARD 0
+
 typedef struct
 {
 	const char *name;			/* "cpu", "cuda" */
@@ -186,6 +189,17 @@ typedef struct
 	int			(*add_rmsnorm) (g4_backend *be, float *x, const float *h, const float *w,
 								int n, int dim, float eps, float scale, const float *next_w, float *y);
 
+	/* out[i] = [table[ids[i]] * scale, h[i]] for n rows: the embedding row
+	 * exactly as embed gives it, then h's row of h_dim floats.  ids is device
+	 * memory holding valid ids (tokens chosen on the device). */
+	int			(*embed_concat) (g4_backend *be, const g4_weight *table, float scale, const int32_t *ids,
+								 const float *h, int h_dim, int n, float *out);
+
+	/* ids[i] = the index of the first largest element of row i of
+	 * logits[n][vocab] (g4_sample's greedy choice: a NaN never wins, except
+	 * at index 0 where it stays); ids is device memory. */
+	int			(*argmax) (g4_backend *be, const float *logits, int n, int vocab, int32_t *ids);
+
 	/* out[i] = x[logit_rows[i]] for the step's logit rows */
 	int			(*gather_logit_rows) (g4_backend *be, const float *x, int dim, float *out);
 
@@ -199,16 +213,18 @@ typedef struct
 
 	/*
 	 * Whole-step graphs.  After step_begin, graph_begin returns 1 when a
-	 * graph recorded for a step of the same shape exists: issue none of the
-	 * step's operations and call graph_end, which replays it.  It returns 0
-	 * when the operations must be issued as usual (the backend may record
-	 * them), followed by graph_end; a negative g4_status on failure.  Only
-	 * for steps whose operations are a function of the step's shape: no
-	 * upload, download or sync between the two calls.  A step_begin issued
-	 * between them (g4_model_forward's own) changes nothing: the metadata
-	 * given to the step_begin before graph_begin is the step's.
+	 * graph recorded for a step of the same shape and tag exists: issue none
+	 * of the step's operations and call graph_end, which replays it.  It
+	 * returns 0 when the operations must be issued as usual (the backend may
+	 * record them), followed by graph_end; a negative g4_status on failure.
+	 * Only for steps whose operations are a function of the step's shape and
+	 * the tag: no upload, download or sync between the two calls.  The tag
+	 * names the sequence of operations (G4_GRAPH_FORWARD for the model's
+	 * step; the draft's rounds have their own).  A step_begin issued between
+	 * them (g4_model_forward's own) changes nothing: the metadata given to
+	 * the step_begin before graph_begin is the step's.
 	 */
-	int			(*graph_begin) (g4_backend *be);
+	int			(*graph_begin) (g4_backend *be, uint64_t tag);
 	int			(*graph_end) (g4_backend *be);
 
 	/* Token choice on the device, so only ids cross to the host: ids[i] is

@@ -74,8 +74,8 @@ g4_draft_init(g4_draft *d, g4_model *assistant, const g4_model *target, int max_
 	size_t		q_max = (size_t) c->n_heads * (size_t) G4_MAX(c->attn[0].head_dim, c->attn[1].head_dim);
 	struct
 	{
-		float	  **p;
-		size_t		n;
+		void	  **p;
+		size_t		bytes;
 	}			bufs[10];
 	size_t		k;
 	int			t;
@@ -95,37 +95,24 @@ g4_draft_init(g4_draft *d, g4_model *assistant, const g4_model *target, int max_
 		d->kv[t] = target->layers[i].kv;
 		d->kv[t].n_heads = c->n_heads;
 	}
-	bufs[0].p = &d->emb, bufs[0].n = R * B;
-	bufs[1].p = &d->in, bufs[1].n = R * 2 * B;
-	bufs[2].p = &d->x, bufs[2].n = R * H;
-	bufs[3].p = &d->h, bufs[3].n = R * H;
-	bufs[4].p = &d->q, bufs[4].n = R * q_max;
-	bufs[5].p = &d->attn, bufs[5].n = R * q_max;
-	bufs[6].p = &d->gu, bufs[6].n = R * 2 * F;
-	bufs[7].p = &d->act, bufs[7].n = R * F;
-	bufs[8].p = &d->logits, bufs[8].n = R * V;
-	bufs[9].p = &d->proj, bufs[9].n = R * B;
+	bufs[0].p = (void **) &d->ids, bufs[0].bytes = (G4_SPEC_MAX_TOKENS + 1) * R * sizeof(int32_t);
+	bufs[1].p = (void **) &d->in, bufs[1].bytes = R * 2 * B * sizeof(float);
+	bufs[2].p = (void **) &d->x, bufs[2].bytes = R * H * sizeof(float);
+	bufs[3].p = (void **) &d->h, bufs[3].bytes = R * H * sizeof(float);
+	bufs[4].p = (void **) &d->q, bufs[4].bytes = R * q_max * sizeof(float);
+	bufs[5].p = (void **) &d->attn, bufs[5].bytes = R * q_max * sizeof(float);
+	bufs[6].p = (void **) &d->gu, bufs[6].bytes = R * 2 * F * sizeof(float);
+	bufs[7].p = (void **) &d->act, bufs[7].bytes = R * F * sizeof(float);
+	bufs[8].p = (void **) &d->logits, bufs[8].bytes = R * V * sizeof(float);
+	bufs[9].p = (void **) &d->h_prev, bufs[9].bytes = R * B * sizeof(float);
 	for (k = 0; k < G4_ARRAY_LEN(bufs); k++)
 	{
-		*bufs[k].p = be->ops->alloc(be, bufs[k].n * sizeof(float));
+		*bufs[k].p = be->ops->alloc(be, bufs[k].bytes);
 		if (!*bufs[k].p)
 		{
 			g4_draft_free(d);
 			return g4_fail(err, G4_ERR_NOMEM, "out of %s memory for the draft model's buffers", be->ops->name);
 		}
-	}
-	d->in_host = g4_malloc(R * 2 * B * sizeof(float));
-	d->greedy = g4_calloc(R, sizeof(g4_row_sampling));
-	d->logits_host = be->ops->sample ? NULL : g4_malloc(R * V * sizeof(float));
-	if (!d->in_host || !d->greedy || (!be->ops->sample && !d->logits_host))
-	{
-		g4_draft_free(d);
-		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
-	}
-	for (k = 0; k < R; k++)
-	{
-		d->greedy[k].top_p = 1.0f;
-		d->greedy[k].min_p = 0.0f;
 	}
 	return G4_OK;
 }
@@ -133,16 +120,13 @@ g4_draft_init(g4_draft *d, g4_model *assistant, const g4_model *target, int max_
 void
 g4_draft_free(g4_draft *d)
 {
-	float	   *ps[] = {d->emb, d->in, d->x, d->h, d->q, d->attn, d->gu, d->act, d->logits, d->proj};
+	void	   *ps[] = {d->ids, d->in, d->x, d->h, d->q, d->attn, d->gu, d->act, d->logits, d->h_prev};
 	size_t		k;
 
 	if (d->m)
 		for (k = 0; k < G4_ARRAY_LEN(ps); k++)
 			if (ps[k])
 				d->m->be->ops->free(d->m->be, ps[k]);
-	free(d->in_host);
-	free(d->logits_host);
-	free(d->greedy);
 	memset(d, 0, sizeof(*d));
 }
 
@@ -195,61 +179,103 @@ decoder(g4_draft *d, int n, g4_err *err)
 	return G4_OK;
 }
 
+/* Graph tag of a round of k passes: rounds of different lengths are
+ * different sequences of operations, and none is a forward step. */
+#define DRAFT_GRAPH_TAG(k) (((uint64_t) 0x6472616674ull << 8) | (uint64_t) (k))
+
+/* The round's metadata and its first tokens. */
+static int
+round_start(g4_draft *d, const g4_step_meta *meta, g4_err *err)
+{
+	g4_backend *be = d->m->be;
+	int			n = meta->n_tokens;
+
+	if (n <= 0 || n > d->max_rows || meta->n_logits != n)
+		return g4_fail(err, G4_ERR_INTERNAL, "a draft round of %d rows (%d hidden states) exceeds its buffers (%d)",
+					   n, meta->n_logits, d->max_rows);
+	d->n_rows = n;
+	TRY(be->ops->step_begin(be, meta));
+	TRY(be->ops->upload(be, d->ids, meta->token, (size_t) n * sizeof(int32_t)));
+	return G4_OK;
+}
+
+/* h_prev of the first pass: the rows' target hidden states. */
+static int
+gather_target_rows(g4_draft *d, const float *target_h, g4_err *err)
+{
+	g4_backend *be = d->m->be;
+
+	TRY(be->ops->gather_logit_rows(be, target_h, d->m->cfg.backbone_hidden, d->h_prev));
+	return G4_OK;
+}
+
 int
-g4_draft_step(g4_draft *d, const g4_step_meta *meta, float *h_prev, int32_t *ids, float *logits, g4_err *err)
+g4_draft_begin(g4_draft *d, const g4_step_meta *meta, const float *target_h, g4_err *err)
+{
+	if (round_start(d, meta, err) != G4_OK)
+		return err->code;
+	return gather_target_rows(d, target_h, err);
+}
+
+int
+g4_draft_pass(g4_draft *d, int pass, g4_err *err)
 {
 	const g4_model *m = d->m;
 	const g4_model *t = d->target;
 	g4_backend *be = m->be;
-	int			n = meta->n_tokens;
-	size_t		B = (size_t) m->cfg.backbone_hidden;
-	size_t		V = (size_t) m->cfg.vocab_size;
-	float	   *lg;
-	int			i;
+	int			n = d->n_rows;
+	int			B = m->cfg.backbone_hidden;
 
-	if (n <= 0 || n > d->max_rows)
-		return g4_fail(err, G4_ERR_INTERNAL, "draft step of %d rows exceeds its buffers (%d)", n, d->max_rows);
-	TRY(be->ops->step_begin(be, meta));
-	TRY(be->ops->embed(be, t->embed, t->embed_scale, d->emb));
-	TRY(be->ops->download(be, d->in_host, d->emb, (size_t) n * B * sizeof(float)));
-	TRY(be->ops->sync(be, err));
-	/* interleave [embedding, h_prev] per row: the embeddings arrived packed
-	 * at the front, so rows move back to front without overlap */
-	for (i = n - 1; i >= 0; i--)
-	{
-		memmove(d->in_host + (size_t) i * 2 * B, d->in_host + (size_t) i * B, B * sizeof(float));
-		memcpy(d->in_host + (size_t) i * 2 * B + B, h_prev + (size_t) i * B, B * sizeof(float));
-	}
-	TRY(be->ops->upload(be, d->in, d->in_host, (size_t) n * 2 * B * sizeof(float)));
+	if (pass < 0 || pass >= G4_SPEC_MAX_TOKENS)
+		return g4_fail(err, G4_ERR_INTERNAL, "draft pass %d of at most %d", pass, G4_SPEC_MAX_TOKENS);
+	TRY(be->ops->embed_concat(be, t->embed, t->embed_scale, d->ids + (size_t) pass * (size_t) n, d->h_prev, B, n,
+							  d->in));
 	TRY(be->ops->matmul(be, m->pre_proj, d->in, n, d->x));
 	if (decoder(d, n, err) != G4_OK)
 		return err->code;
 	TRY(be->ops->matmul(be, m->embed, d->h, n, d->logits));
-	TRY(be->ops->matmul(be, m->post_proj, d->h, n, d->proj));
-	TRY(be->ops->download(be, h_prev, d->proj, (size_t) n * B * sizeof(float)));
-	if (logits)
-		TRY(be->ops->download(be, logits, d->logits, (size_t) n * V * sizeof(float)));
-	if (be->ops->sample && !logits)
-	{
-		/* greedy on the device: only ids come back */
-		TRY(be->ops->sample(be, d->logits, n, (int) V, NULL, 0, d->greedy, ids));
-		TRY(be->ops->sync(be, err));
-		return G4_OK;
-	}
-	lg = logits ? logits : d->logits_host;
-	if (!logits)
-		TRY(be->ops->download(be, lg, d->logits, (size_t) n * V * sizeof(float)));
-	TRY(be->ops->sync(be, err));
-	for (i = 0; i < n; i++)
-	{
-		const float *row = lg + (size_t) i * V;
-		size_t		j,
-					best = 0;
-
-		for (j = 1; j < V; j++)
-			if (row[j] > row[best])
-				best = j;
-		ids[i] = (int32_t) best;
-	}
+	TRY(be->ops->matmul(be, m->post_proj, d->h, n, d->h_prev));
+	TRY(be->ops->argmax(be, d->logits, n, m->cfg.vocab_size, d->ids + (size_t) (pass + 1) * (size_t) n));
 	return G4_OK;
+}
+
+int
+g4_draft_round(g4_draft *d, const g4_step_meta *meta, const float *target_h, int k, int32_t *ids, g4_err *err)
+{
+	g4_backend *be = d->m->be;
+	int			graphs = be->ops->graph_begin && be->ops->graph_end;
+	int			replay = 0;
+	int			rc = G4_OK;
+	int			pass;
+
+	if (k < 1 || k > G4_SPEC_MAX_TOKENS)
+		return g4_fail(err, G4_ERR_INTERNAL, "a draft round of %d passes (1..%d)", k, G4_SPEC_MAX_TOKENS);
+	if (round_start(d, meta, err) != G4_OK)
+		return err->code;
+	if (graphs)
+	{
+		rc = be->ops->graph_begin(be, DRAFT_GRAPH_TAG(k));
+		if (rc < 0)
+			return g4_fail(err, rc, "%s backend: starting a draft graph failed", be->ops->name);
+		replay = rc == 1;		/* recorded before: graph_end replays it */
+		rc = G4_OK;
+	}
+	if (!replay)
+	{
+		rc = gather_target_rows(d, target_h, err);
+		for (pass = 0; pass < k && rc == G4_OK; pass++)
+			rc = g4_draft_pass(d, pass, err);
+	}
+	if (graphs)
+	{
+		int			rc2 = be->ops->graph_end(be);
+
+		if (rc == G4_OK && rc2 != G4_OK)
+			return g4_fail(err, rc2, "%s backend: finishing a draft graph failed", be->ops->name);
+	}
+	if (rc != G4_OK)
+		return rc;
+	/* the proposals of passes 1..k, contiguous: one read */
+	TRY(be->ops->download(be, ids, d->ids + d->n_rows, (size_t) k * (size_t) d->n_rows * sizeof(int32_t)));
+	return be->ops->sync(be, err);
 }

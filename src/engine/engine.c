@@ -690,7 +690,7 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 	/* the drafts the next step verifies, for the sequences still here */
 	if (sc.n_items > 0 && meta.n_logits > 0)
 	{
-		rc = g4_spec_draft(e, meta.n_logits, err);
+		rc = g4_spec_draft(e, err);
 		if (rc != G4_OK)
 		{
 			fail_all(e, err, fn, ctx);

@@ -100,8 +100,10 @@ typedef struct
 #define G4_SPEC_MAX_TOKENS 16
 /* Decoding sequences above which drafting stops paying: the verify step's
  * k + 1 rows per sequence turn a bandwidth-bound decode into a
- * compute-bound one.  An estimate until test/gpu/run-gpu.sh mtp measures
- * the 12B crossover. */
+ * compute-bound one.  The engine's one stopping rule (and the default of
+ * gemma4.speculative_max_batch); set from the largest batch at which
+ * `test/gpu/run-gpu.sh crossover` measures a gain at the expected
+ * acceptance on the 12B shape.  An estimate until then. */
 #define G4_SPEC_MAX_BATCH_DEFAULT 32
 
 /* Fill with the defaults (the seed deployment's tunables). */

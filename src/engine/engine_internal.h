@@ -133,8 +133,6 @@ struct g4_engine
 	/* speculative decoding (speculative.c); draft.m NULL when off */
 	g4_draft	draft;
 	int			spec_k;			/* num_speculative_tokens, capped */
-	float	   *spec_lx;		/* host [max_logits][hidden]: final-normed target rows */
-	float	   *spec_h;			/* host [max_seqs][hidden]: drafting rows' h_prev */
 	double	   *spec_p;			/* host [vocab]: target distribution (sampled verify) */
 	g4_seq	  **spec_seq;		/* [max_seqs] the drafting rows' sequences */
 	int32_t    *spec_tok,
@@ -142,7 +140,8 @@ struct g4_engine
 			   *spec_slot,
 			   *spec_lo[G4_KVG_COUNT],
 			   *spec_hi[G4_KVG_COUNT],
-			   *spec_ids;
+			   *spec_rows,		/* [max_seqs] each drafting row's target row in ws.lx */
+			   *spec_ids;		/* [G4_SPEC_MAX_TOKENS][max_seqs]: a round's proposals */
 
 	/* test hook: the drafts proposed for a sequence (may rewrite them) */
 	void		(*draft_hook) (void *ctx, uint64_t seq_id, int first_pos, int32_t *drafts, int n);
@@ -221,8 +220,9 @@ g4_seq_token_at(const g4_seq *s, int p)
 void		g4_spec_verify(g4_engine *e, const g4_sched_item *it, int row0, int device_ids, g4_event_fn fn,
 						   void *ctx);
 /* Propose the next drafts of every decoding sequence that chose a token
- * this step (spec_row >= 0), n_logits the step's logits rows. */
-int			g4_spec_draft(g4_engine *e, int n_logits, g4_err *err);
+ * this step (spec_row >= 0: its row of the step's final-normed hidden
+ * states, ws.lx), in one round of draft passes. */
+int			g4_spec_draft(g4_engine *e, g4_err *err);
 
 /* ---- test entry points ---- */
 

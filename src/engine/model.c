@@ -257,7 +257,7 @@ g4_model_forward(g4_model *m, g4_workspace *ws, const g4_step_meta *meta,
 	graphs = !extra && !ws->no_graphs && be->ops->graph_begin && be->ops->graph_end;
 	if (graphs)
 	{
-		rc = be->ops->graph_begin(be);
+		rc = be->ops->graph_begin(be, G4_GRAPH_FORWARD);
 		if (rc < 0)
 			return g4_fail(err, rc, "%s backend: starting a step graph failed", be->ops->name);
 		if (rc == 1)

@@ -36,7 +36,6 @@ g4_spec_open(g4_engine *e, g4_err *err)
 {
 	const g4_options *o = &e->opts;
 	g4_model   *a = NULL;
-	size_t		H = (size_t) e->model->cfg.hidden_size;
 	size_t		S = (size_t) e->max_seqs;
 	int			g;
 
@@ -61,21 +60,20 @@ g4_spec_open(g4_engine *e, g4_err *err)
 	e->stats.spec_k = e->spec_k;
 	/* every decoding sequence may have 1 + k logits rows */
 	e->max_logits = e->max_seqs * (1 + e->spec_k);
-	e->spec_lx = g4_malloc((size_t) e->max_logits * H * sizeof(float));
-	e->spec_h = g4_malloc(S * H * sizeof(float));
 	e->spec_p = g4_malloc((size_t) e->model->cfg.vocab_size * sizeof(double));
 	e->spec_seq = g4_malloc(S * sizeof(g4_seq *));
 	e->spec_tok = g4_malloc(S * sizeof(int32_t));
 	e->spec_pos = g4_malloc(S * sizeof(int32_t));
 	e->spec_slot = g4_malloc(S * sizeof(int32_t));
-	e->spec_ids = g4_malloc(S * sizeof(int32_t));
+	e->spec_rows = g4_malloc(S * sizeof(int32_t));
+	e->spec_ids = g4_malloc(S * G4_SPEC_MAX_TOKENS * sizeof(int32_t));
 	for (g = 0; g < G4_KVG_COUNT; g++)
 	{
 		e->spec_lo[g] = g4_malloc(S * sizeof(int32_t));
 		e->spec_hi[g] = g4_malloc(S * sizeof(int32_t));
 	}
-	if (!e->spec_lx || !e->spec_h || !e->spec_p || !e->spec_seq || !e->spec_tok || !e->spec_pos ||
-		!e->spec_slot || !e->spec_ids || !e->spec_lo[0] || !e->spec_lo[1] || !e->spec_hi[0] || !e->spec_hi[1])
+	if (!e->spec_p || !e->spec_seq || !e->spec_tok || !e->spec_pos || !e->spec_slot || !e->spec_rows ||
+		!e->spec_ids || !e->spec_lo[0] || !e->spec_lo[1] || !e->spec_hi[0] || !e->spec_hi[1])
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 	return G4_OK;
 }
@@ -88,13 +86,12 @@ g4_spec_close(g4_engine *e)
 
 	g4_draft_free(&e->draft);
 	g4_model_free(a);
-	free(e->spec_lx);
-	free(e->spec_h);
 	free(e->spec_p);
 	free(e->spec_seq);
 	free(e->spec_tok);
 	free(e->spec_pos);
 	free(e->spec_slot);
+	free(e->spec_rows);
 	free(e->spec_ids);
 	for (g = 0; g < G4_KVG_COUNT; g++)
 	{
@@ -199,10 +196,8 @@ draft_budget(const g4_engine *e, const g4_seq *s, int n_decoding)
 }
 
 int
-g4_spec_draft(g4_engine *e, int n_logits, g4_err *err)
+g4_spec_draft(g4_engine *e, g4_err *err)
 {
-	g4_backend *be = e->be;
-	size_t		H = (size_t) e->model->cfg.hidden_size;
 	int			W = e->model->cfg.sliding_window;
 	int			n_decoding = 0;
 	int			n = 0;
@@ -238,6 +233,9 @@ g4_spec_draft(g4_engine *e, int n_logits, g4_err *err)
 		e->spec_tok[n] = s->tok[s->n_tok - 1];
 		e->spec_pos[n] = s->n_tok - 1;
 		e->spec_slot[n] = s->slot;
+		/* h_prev: the target's final-normed row that chose the token */
+		e->spec_rows[n] = s->spec_row;
+		s->spec_row = -1;
 		{
 			int32_t		lo[2],
 						hi[2];
@@ -258,18 +256,6 @@ g4_spec_draft(g4_engine *e, int n_logits, g4_err *err)
 	if (n == 0)
 		return G4_OK;
 	t0 = g4_now();
-	/* the target's final-normed hidden states of this step's logits rows */
-	if (be->ops->download(be, e->spec_lx, e->ws.lx, (size_t) n_logits * H * sizeof(float)) != G4_OK ||
-		be->ops->sync(be, err) != G4_OK)
-		return g4_fail(err, G4_ERR_BACKEND, "%s backend: reading the hidden states for drafting failed",
-					   be->ops->name);
-	for (i = 0; i < n; i++)
-	{
-		g4_seq	   *s = e->spec_seq[i];
-
-		memcpy(e->spec_h + (size_t) i * H, e->spec_lx + (size_t) s->spec_row * H, H * sizeof(float));
-		s->spec_row = -1;
-	}
 	memset(&meta, 0, sizeof(meta));
 	meta.n_tokens = n;
 	meta.token = e->spec_tok;
@@ -280,14 +266,20 @@ g4_spec_draft(g4_engine *e, int n_logits, g4_err *err)
 		meta.lo[i] = e->spec_lo[i];
 		meta.hi[i] = e->spec_hi[i];
 	}
+	meta.n_logits = n;
+	meta.logit_rows = e->spec_rows;
+	/* every row runs k_max passes (one recorded round per shape); each
+	 * keeps the proposals up to its budget or an end of sequence */
+	if (g4_draft_round(&e->draft, &meta, e->ws.lx, k_max, e->spec_ids, err) != G4_OK)
+	{
+		for (i = 0; i < n; i++)
+			e->spec_seq[i]->n_draft = 0;
+		return err->code;
+	}
 	for (step = 0; step < k_max; step++)
 	{
-		if (g4_draft_step(&e->draft, &meta, e->spec_h, e->spec_ids, NULL, err) != G4_OK)
-		{
-			for (i = 0; i < n; i++)
-				e->spec_seq[i]->n_draft = 0;
-			return err->code;
-		}
+		const int32_t *ids = e->spec_ids + (size_t) step * (size_t) n;
+
 		e->stats.spec_draft_steps++;
 		e->stats.spec_draft_tokens += (uint64_t) n;
 		for (i = 0; i < n; i++)
@@ -296,10 +288,9 @@ g4_spec_draft(g4_engine *e, int n_logits, g4_err *err)
 
 			if (s->n_draft >= 0)
 				continue;		/* complete */
-			s->draft[step] = e->spec_ids[i];
-			e->spec_tok[i] = e->spec_ids[i];
+			s->draft[step] = ids[i];
 			/* done at its budget, or after drafting an end of sequence */
-			if (step + 1 == -s->n_draft || g4_is_eos(e, e->spec_ids[i]))
+			if (step + 1 == -s->n_draft || g4_is_eos(e, ids[i]))
 				s->n_draft = step + 1;
 		}
 	}

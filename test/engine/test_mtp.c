@@ -7,7 +7,9 @@
  * sides compute in float32 from the same weights; as in test_model.c the
  * engine's logits must be as close to the float64 reference as
  * transformers' own float32 run is, within a factor of 3 (+1e-6), and the
- * proposed ids must be identical.  A mismatched assistant is refused.
+ * proposed ids must be identical.  A drafting round's choices made on the
+ * device equal those made on the host from the downloaded logits.  A
+ * mismatched assistant is refused.
  *
  * The engine with drafting: greedy outputs identical to those without (each
  * KV dtype, alone and batched, with the assistant's drafts and with oracle
@@ -37,6 +39,9 @@ assistant_of(const char *model, char *buf, size_t len)
 	return g4_is_dir(buf) ? buf : NULL;
 }
 
+/* Rows of a rig's prefill that keep their hidden state (and draft rows). */
+#define RIG_ROWS 4
+
 /* Target + KV pool + assistant driven without the scheduler. */
 typedef struct
 {
@@ -53,7 +58,7 @@ rig_open(mtp_rig *r, const char *model, const char *assistant, g4_backend *be, g
 	memset(r, 0, sizeof(*r));
 	if (g4_model_load(model, be, &r->t, 0, err) != G4_OK ||
 		g4_model_load_assistant(assistant, be, &r->a, err) != G4_OK ||
-		g4_workspace_init(r->t, 256, 1, &r->ws, err) != G4_OK ||
+		g4_workspace_init(r->t, 256, RIG_ROWS, &r->ws, err) != G4_OK ||
 		g4_kvpool_init(&r->kv, r->t, G4_KV_F32, (size_t) 8 << 20, 1, 512, 256, 0, err) != G4_OK ||
 		g4_draft_init(&r->d, r->a, r->t, 4, err) != G4_OK)
 		return err->code;
@@ -72,26 +77,30 @@ rig_close(mtp_rig *r)
 	g4_model_free(r->t);
 }
 
-/* Prefill ids in slot 0 in one step; leave b (the target's greedy choice,
- * suppressed ids masked) and the final-normed hidden state of the last
- * position in h. */
+/* Prefill ids in slot 0 in one step; for each of the n_rows positions
+ * rows[], leave b[] (the target's greedy choice, suppressed ids masked) and
+ * the final-normed hidden state in row j of r->ws.lx. */
 static int
-rig_prefill(mtp_rig *r, const int32_t *ids, int n, int32_t *b, float *h, g4_err *err)
+rig_prefill(mtp_rig *r, const int32_t *ids, int n, const int32_t *rows, int n_rows, int32_t *b, g4_err *err)
 {
 	const g4_model_config *c = &r->t->cfg;
 	g4_backend *be = r->t->be;
+	size_t		V = (size_t) c->vocab_size;
 	int32_t		pos[256],
 				slot[256],
 				lo[2][256],
-				hi[2][256],
-				row = n - 1;
+				hi[2][256];
 	g4_step_meta meta;
-	float	   *logits = g4_malloc((size_t) c->vocab_size * sizeof(float));
+	float	   *logits = g4_malloc((size_t) RIG_ROWS * V * sizeof(float));
 	int			p,
-				j;
+				j,
+				i;
 
-	if (!logits || n > 256)
+	if (!logits || n > 256 || n_rows > RIG_ROWS)
+	{
+		free(logits);
 		return g4_fail(err, G4_ERR_INVALID, "prompt too long for the rig");
+	}
 	for (p = 0; p < n; p++)
 	{
 		pos[p] = p;
@@ -111,26 +120,79 @@ rig_prefill(mtp_rig *r, const int32_t *ids, int n, int32_t *b, float *h, g4_err 
 		meta.lo[j] = lo[j];
 		meta.hi[j] = hi[j];
 	}
-	meta.n_logits = 1;
-	meta.logit_rows = &row;
+	meta.n_logits = n_rows;
+	meta.logit_rows = rows;
 	if (g4_kvpool_ensure(&r->kv, 0, 0, n) != G4_OK)
+	{
+		free(logits);
 		return g4_fail(err, G4_ERR_NOMEM, "KV pool too small");
+	}
 	if (g4_model_forward(r->t, &r->ws, &meta, NULL, err) != G4_OK ||
-		be->ops->download(be, logits, r->ws.logits, (size_t) c->vocab_size * sizeof(float)) != G4_OK ||
-		be->ops->download(be, h, r->ws.lx, (size_t) c->hidden_size * sizeof(float)) != G4_OK ||
+		be->ops->download(be, logits, r->ws.logits, (size_t) n_rows * V * sizeof(float)) != G4_OK ||
 		be->ops->sync(be, err) != G4_OK)
 	{
 		free(logits);
 		return err->code ? err->code : G4_ERR_BACKEND;
 	}
-	for (j = 0; j < c->n_suppress; j++)
-		logits[c->suppress_ids[j]] = -INFINITY;
-	*b = 0;
-	for (j = 1; j < c->vocab_size; j++)
-		if (logits[j] > logits[*b])
-			*b = j;
+	for (i = 0; i < n_rows; i++)
+	{
+		float	   *row = logits + (size_t) i * V;
+
+		for (j = 0; j < c->n_suppress; j++)
+			row[c->suppress_ids[j]] = -INFINITY;
+		b[i] = 0;
+		for (j = 1; j < (int) V; j++)
+			if (row[j] > row[b[i]])
+				b[i] = j;
+	}
 	free(logits);
 	return G4_OK;
+}
+
+/* Draft rows for positions rows[j] + 1 of slot 0, tokens tok[]. */
+typedef struct
+{
+	int32_t		pos[RIG_ROWS],
+				slot[RIG_ROWS],
+				lo[2][RIG_ROWS],
+				hi[2][RIG_ROWS],
+				hrow[RIG_ROWS];
+	g4_step_meta meta;
+} draft_rows;
+
+static void
+draft_rows_make(draft_rows *dr, const mtp_rig *r, const int32_t *rows, const int32_t *tok, int n)
+{
+	int			j,
+				g;
+
+	memset(dr, 0, sizeof(*dr));
+	for (j = 0; j < n; j++)
+	{
+		int32_t		lo[2],
+					hi[2];
+
+		dr->pos[j] = rows[j] + 1;
+		dr->slot[j] = 0;
+		dr->hrow[j] = j;
+		g4_draft_ranges(dr->pos[j], r->t->cfg.sliding_window, lo, hi);
+		for (g = 0; g < 2; g++)
+		{
+			dr->lo[g][j] = lo[g];
+			dr->hi[g][j] = hi[g];
+		}
+	}
+	dr->meta.n_tokens = n;
+	dr->meta.token = tok;
+	dr->meta.pos = dr->pos;
+	dr->meta.slot = dr->slot;
+	for (g = 0; g < 2; g++)
+	{
+		dr->meta.lo[g] = dr->lo[g];
+		dr->meta.hi[g] = dr->hi[g];
+	}
+	dr->meta.n_logits = n;
+	dr->meta.logit_rows = dr->hrow;
 }
 
 static void
@@ -174,34 +236,21 @@ check_proposals(const char *model, const char *golden_name)
 					step;
 		int32_t    *ids = h_ints(g4j_get(c, "ids"), &n);
 		int32_t    *drafts = h_ints(g4j_get(c, "drafts"), &nd);
-		float	   *h = g4_malloc((size_t) r.t->cfg.hidden_size * sizeof(float));
 		float	   *lg = g4_malloc((size_t) V * sizeof(float));
 		double		bound = ERR_FACTOR * g4j_get_num(c, "fp32_vs_fp64", 0) + ERR_FLOOR;
 		double		worst64 = 0,
 					worst32 = 0;
 		int32_t		token,
-					pos,
-					slot = 0,
-					lo[2],
-					hi[2];
-		g4_step_meta meta;
+					last = n - 1;
+		draft_rows	dr;
 
 		CHECK_INT(nd, K);
 		g4_kvpool_release(&r.kv, 0, 512);
-		CHECK_OK(rig_prefill(&r, ids, n, &token, h, &err), &err);
+		CHECK_OK(rig_prefill(&r, ids, n, &last, 1, &token, &err), &err);
 		CHECK_MSG(token == g4j_get_int(c, "next", -1), "%s: target chose %d, transformers %lld", name, token,
 				  (long long) g4j_get_int(c, "next", -1));
-		pos = n;
-		g4_draft_ranges(pos, r.t->cfg.sliding_window, lo, hi);
-		memset(&meta, 0, sizeof(meta));
-		meta.n_tokens = 1;
-		meta.token = &token;
-		meta.pos = &pos;
-		meta.slot = &slot;
-		meta.lo[0] = &lo[0];
-		meta.lo[1] = &lo[1];
-		meta.hi[0] = &hi[0];
-		meta.hi[1] = &hi[1];
+		draft_rows_make(&dr, &r, &last, &token, 1);
+		CHECK_OK(g4_draft_begin(&r.d, &dr.meta, r.ws.lx, &err), &err);
 		for (step = 0; step < K; step++)
 		{
 			int32_t		id;
@@ -210,7 +259,9 @@ check_proposals(const char *model, const char *golden_name)
 			double		d32,
 						d64;
 
-			CHECK_OK(g4_draft_step(&r.d, &meta, h, &id, lg, &err), &err);
+			CHECK_OK(g4_draft_pass(&r.d, step, &err), &err);
+			CHECK_OK(be->ops->download(be, lg, r.d.logits, (size_t) V * sizeof(float)), &err);
+			CHECK_OK(be->ops->download(be, &id, r.d.ids + step + 1, sizeof(int32_t)), &err);
 			d32 = h_max_abs_diff(lg, G.data + off, V, NULL);
 			d64 = h_max_abs_diff(lg, G.data + off64, V, NULL);
 			worst32 = G4_MAX(worst32, d32);
@@ -218,13 +269,11 @@ check_proposals(const char *model, const char *golden_name)
 			CHECK_MSG(d64 <= bound, "%s step %d: assistant logits are %.3g from the float64 reference (bound %.3g)",
 					  name, step, d64, bound);
 			CHECK_MSG(id == drafts[step], "%s step %d: proposed %d, transformers %d", name, step, id, drafts[step]);
-			token = id;
 		}
 		printf("    %-12s %d proposals equal; |engine - float64| = %.2e (bound %.2e), |engine - transformers| = %.2e\n",
 			   name, K, worst64, bound, worst32);
 		free(ids);
 		free(drafts);
-		free(h);
 		free(lg);
 	}
 	rig_close(&r);
@@ -248,6 +297,132 @@ G4_TEST(mtp_proposals_match_transformers_bf16_checkpoint)
 	if (!model || !g4_is_dir(model))
 		G4_SKIP("G4_FIXTURE_DENSE not set (run through make check-engine)");
 	check_proposals(model, "mtp-tiny-dense");
+}
+
+/*
+ * A round chooses each pass's token on the device and feeds it to the next
+ * pass there: its proposals, last logits and projected states are those of
+ * the same passes with the choice made on the host from downloaded logits
+ * (the path rounds replaced), for several rows at once; and the device-side
+ * input rows are the embedding op's rows beside h_prev, as the host built
+ * them.
+ */
+G4_TEST(mtp_device_choice_matches_host_choice)
+{
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	h_golden	G;
+	char		why[512];
+	g4_backend *be;
+	mtp_rig		r;
+	g4_err		err;
+	int32_t    *ids;
+	int			n,
+				V,
+				B,
+				pass,
+				j;
+	const int	k = 4;
+	int32_t		rows[3],
+				tok[3],
+				dev_ids[4 * 3],
+				host_ids[4 * 3];
+	float	   *lg_dev,
+			   *lg_host,
+			   *hp_dev,
+			   *hp_host,
+			   *emb,
+			   *in_ref,
+			   *in_op;
+	draft_rows	dr;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	CHECK_MSG(h_golden_load("mtp-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
+	CHECK_OK(g4_backend_cpu_create(2, &be, &err), &err);
+	CHECK_OK(rig_open(&r, model, assistant, be, &err), &err);
+	ids = h_ints(g4j_get(h_golden_case(&G, "past_window"), "ids"), &n);
+	CHECK_MSG(n >= 8, "the golden prompt past_window has %d tokens, 8 needed", n);
+	V = r.a->cfg.vocab_size;
+	B = r.a->cfg.backbone_hidden;
+	rows[0] = n - 1;
+	rows[1] = n - 3;
+	rows[2] = n - 7;
+	CHECK_OK(rig_prefill(&r, ids, n, rows, 3, tok, &err), &err);
+	draft_rows_make(&dr, &r, rows, tok, 3);
+	lg_dev = g4_malloc((size_t) 3 * V * sizeof(float));
+	lg_host = g4_malloc((size_t) 3 * V * sizeof(float));
+	hp_dev = g4_malloc((size_t) 3 * B * sizeof(float));
+	hp_host = g4_malloc((size_t) 3 * B * sizeof(float));
+	emb = be->ops->alloc(be, (size_t) 3 * B * sizeof(float));
+	in_ref = g4_malloc((size_t) 3 * 2 * B * sizeof(float));
+	in_op = g4_malloc((size_t) 3 * 2 * B * sizeof(float));
+	CHECK_MSG(lg_dev && lg_host && hp_dev && hp_host && emb && in_ref && in_op, "out of memory");
+
+	/* the round */
+	CHECK_OK(g4_draft_round(&r.d, &dr.meta, r.ws.lx, k, dev_ids, &err), &err);
+	CHECK_OK(be->ops->download(be, lg_dev, r.d.logits, (size_t) 3 * V * sizeof(float)), &err);
+	CHECK_OK(be->ops->download(be, hp_dev, r.d.h_prev, (size_t) 3 * B * sizeof(float)), &err);
+
+	/* pass by pass, choosing on the host */
+	CHECK_OK(g4_draft_begin(&r.d, &dr.meta, r.ws.lx, &err), &err);
+	CHECK_OK(be->ops->embed(be, r.t->embed, r.t->embed_scale, emb), &err);
+	CHECK_OK(be->ops->download(be, in_op, emb, (size_t) 3 * B * sizeof(float)), &err);
+	CHECK_OK(be->ops->download(be, hp_host, r.d.h_prev, (size_t) 3 * B * sizeof(float)), &err);
+	for (j = 0; j < 3; j++)
+	{
+		memcpy(in_ref + (size_t) j * 2 * B, in_op + (size_t) j * B, (size_t) B * sizeof(float));
+		memcpy(in_ref + (size_t) j * 2 * B + B, hp_host + (size_t) j * B, (size_t) B * sizeof(float));
+	}
+	for (pass = 0; pass < k; pass++)
+	{
+		CHECK_OK(g4_draft_pass(&r.d, pass, &err), &err);
+		if (pass == 0)
+		{
+			/* the input the first pass built on the device */
+			CHECK_OK(be->ops->download(be, in_op, r.d.in, (size_t) 3 * 2 * B * sizeof(float)), &err);
+			CHECK_MSG(memcmp(in_op, in_ref, (size_t) 3 * 2 * B * sizeof(float)) == 0,
+					  "embed_concat differs from the embedding rows beside h_prev");
+		}
+		CHECK_OK(be->ops->download(be, lg_host, r.d.logits, (size_t) 3 * V * sizeof(float)), &err);
+		for (j = 0; j < 3; j++)
+		{
+			const float *row = lg_host + (size_t) j * V;
+			int			best = 0,
+						i;
+
+			for (i = 1; i < V; i++)
+				if (row[i] > row[best])
+					best = i;
+			host_ids[pass * 3 + j] = best;
+		}
+		CHECK_OK(be->ops->upload(be, r.d.ids + (size_t) (pass + 1) * 3, host_ids + pass * 3, 3 * sizeof(int32_t)),
+				 &err);
+	}
+	CHECK_OK(be->ops->download(be, hp_host, r.d.h_prev, (size_t) 3 * B * sizeof(float)), &err);
+	for (pass = 0; pass < k; pass++)
+		for (j = 0; j < 3; j++)
+			CHECK_MSG(dev_ids[pass * 3 + j] == host_ids[pass * 3 + j],
+					  "row %d pass %d: the device chose %d, the host %d", j, pass, dev_ids[pass * 3 + j],
+					  host_ids[pass * 3 + j]);
+	CHECK_MSG(memcmp(lg_dev, lg_host, (size_t) 3 * V * sizeof(float)) == 0, "the last pass's logits differ");
+	CHECK_MSG(memcmp(hp_dev, hp_host, (size_t) 3 * B * sizeof(float)) == 0, "the projected states differ");
+	printf("    3 rows x %d passes: device and host choices equal (%d %d %d ...)\n", k, dev_ids[0], dev_ids[1],
+		   dev_ids[2]);
+	be->ops->free(be, emb);
+	free(lg_dev);
+	free(lg_host);
+	free(hp_dev);
+	free(hp_host);
+	free(in_ref);
+	free(in_op);
+	free(ids);
+	rig_close(&r);
+	be->ops->destroy(be);
+	h_golden_free(&G);
 }
 
 /* A mismatched assistant is refused at load, saying what differs. */

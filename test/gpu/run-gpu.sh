@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run-gpu.sh — the CUDA backend's checks and benchmarks, on a GPU machine.
 #
-#   test/gpu/run-gpu.sh [parity] [bench] [hf] [sanitize] [engine] [prefix] [mtp] [pg]
+#   test/gpu/run-gpu.sh [parity] [bench] [hf] [sanitize] [engine] [prefix] [mtp] [crossover] [pg]
 #                                              (default: parity bench hf)
 #
 # parity    every GPU operation against the CPU backend (build/run-gpu-tests)
@@ -18,6 +18,12 @@
 #           plain, a = 0 and a = 3 at 16 and 64 (assistant time per draft
 #           token, tokens/s per a; the verify step's cost is the a = 0 run's
 #           step time less its drafting time)
+# crossover where drafting stops paying: decode tokens/s through gemma4-run
+#           (512-token prompts, 128 new tokens) without drafting and with
+#           a = 1, 2, 3 of 4 drafts forced accepted, at batch 1, 16, 32, 64
+#           and 128, as one table with each rate's ratio to plain decode and
+#           the largest batch at which each a still gains: the figures that
+#           set G4_SPEC_MAX_BATCH_DEFAULT (engine.h)
 # pg        PostgreSQL end to end (test/gpu/pg-e2e.sh; needs build/device)
 #
 # Builds what a stage needs when it is missing or does not start here (sm_90
@@ -53,7 +59,7 @@ BIN=${G4_BIN:-build}
 need=$BIN/gemma4-make-model
 if has parity || has sanitize; then need="$need $BIN/run-gpu-tests"; fi
 if has bench; then need="$need $BIN/bench-gpu"; fi
-if has engine || has mtp; then need="$need $BIN/gemma4-run"; fi
+if has engine || has mtp || has crossover; then need="$need $BIN/gemma4-run"; fi
 if has prefix; then need="$need $BIN/bench-prefix"; fi
 need_build=0
 for b in $need; do
@@ -79,7 +85,8 @@ fi
 
 # the 12B-shaped model is written on the CPU while the parity tests run
 GEN_PID=
-if { has bench || has hf || has engine || has prefix || has mtp || has pg; } && [ ! -f "$M12B/config.json" ]; then
+if { has bench || has hf || has engine || has prefix || has mtp || has crossover || has pg; } &&
+	[ ! -f "$M12B/config.json" ]; then
 	say "generating the 12B-shaped model in $M12B (background)"
 	( t0=$(date +%s); "$BIN/gemma4-make-model" --preset 12b --out "$M12B.tmp" >"$LOGS/make12b.log" 2>&1 &&
 		mv "$M12B.tmp" "$M12B" && echo "generated in $(( $(date +%s) - t0 )) s" >>"$LOGS/make12b.log" ) &
@@ -137,10 +144,13 @@ if has prefix; then
 	echo "exit $?" >>"$LOGS/prefix.log"
 fi
 
+# the random 12B-shaped assistant (mtp, crossover)
+if { has mtp || has crossover; } && [ ! -f "$M12B-assistant/config.json" ]; then
+	"$BIN/gemma4-make-model" --preset 12b --assistant --out "$M12B-assistant" >/dev/null || exit 1
+fi
+
 if has mtp; then
 	say "speculative decoding through gemma4-run (log: mtp.log)"
-	[ -f "$M12B-assistant/config.json" ] ||
-		"$BIN/gemma4-make-model" --preset 12b --assistant --out "$M12B-assistant" >/dev/null || exit 1
 	: >"$LOGS/mtp.log"
 	for run in "1 -" "1 0" "1 1" "1 2" "1 3" "1 4" "16 -" "16 0" "16 3" "64 -" "64 0" "64 3"; do
 		set -- $run
@@ -150,6 +160,20 @@ if has mtp; then
 			--max-tokens 128 --batch "$1" $spec >>"$LOGS/mtp.log" 2>&1
 	done
 	echo "exit $?" >>"$LOGS/mtp.log"
+fi
+
+if has crossover; then
+	say "where drafting stops paying (log: crossover.log, table: crossover.txt)"
+	: >"$LOGS/crossover.log"
+	for b in 1 16 32 64 128; do
+		for a in - 1 2 3; do
+			echo "-- batch $b accepted $a" >>"$LOGS/crossover.log"
+			if [ "$a" = - ]; then spec=; else spec="--draft $M12B-assistant --bench-accept $a --spec-max-batch 4096"; fi
+			timeout 200 "$BIN/gemma4-run" --model "$M12B" --backend cuda --bench --bench-prompt-tokens 512 \
+				--max-tokens 128 --batch "$b" $spec 2>&1 | grep -E '^(decode|assistant):' >>"$LOGS/crossover.log"
+		done
+	done
+	test/gpu/crossover-table.awk "$LOGS/crossover.log" >"$LOGS/crossover.txt"
 fi
 
 if has pg; then
@@ -183,6 +207,10 @@ if has mtp && [ -f "$LOGS/mtp.log" ]; then
 	echo "-- mtp"
 	grep -E '^(--|decode:|drafts:|assistant:)' "$LOGS/mtp.log"
 	tail -1 "$LOGS/mtp.log"
+fi
+if has crossover && [ -f "$LOGS/crossover.txt" ]; then
+	echo "-- crossover"
+	cat "$LOGS/crossover.txt"
 fi
 if has hf && [ -f "$LOGS/hf.log" ]; then
 	echo "-- transformers"

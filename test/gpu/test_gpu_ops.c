@@ -5,8 +5,9 @@
  * Each check prints one line "PARITY op | case | metric | bound | ok" and
  * the bound it must meet, with the reason for that bound:
  *  - exact: integer / copy / encode operations must agree bit for bit
- *    (embedding rows, logit-row gathering, the KV encodings, the sampler's
- *    choice), and so must a matmul repeated on the same inputs;
+ *    (embedding rows, the draft model's input rows, logit-row gathering,
+ *    the KV encodings, the sampler's and argmax's choice), and so must a
+ *    matmul repeated on the same inputs;
  *  - float32-class: float32 arithmetic in another order (norms, RoPE with
  *    sincosf's 2-ulp error, float32 and split-bf16 matmuls): max |gpu - cpu|
  *    relative to the magnitude of the terms involved, 3e-5 at most;
@@ -622,6 +623,129 @@ G4_TEST(gpu_embed)
 	embed_case(G4_W_F32, 300, 64, 4);
 	embed_case(G4_W_Q8_0, 1000, 640, 5);
 	embed_case(G4_W_Q6_K, 700, 512, 3);
+}
+
+/* The draft model's input rows: embedding rows by device ids beside h rows. */
+static void
+embed_concat_case(int fmt, int64_t vocab, int64_t dim, int h_dim, int n)
+{
+	host_w		hw;
+	g4_weight  *wc,
+			   *wg;
+	g4_err		err;
+	size_t		width = (size_t) dim + (size_t) h_dim;
+	int32_t    *ids = malloc((size_t) n * 4);
+	float	   *h = malloc((size_t) n * (size_t) h_dim * 4);
+	float	   *oc = malloc((size_t) n * width * 4);
+	float	   *og = malloc((size_t) n * width * 4);
+	int32_t    *dids;
+	float	   *dh,
+			   *d;
+	size_t		i,
+				diff = 0;
+	char		label[96];
+
+	host_w_make(&hw, fmt, vocab, dim);
+	for (i = 0; i < (size_t) n; i++)
+		ids[i] = (int32_t) (rnd() % (uint64_t) vocab);
+	ids[0] = (int32_t) vocab - 1;
+	fill_normal(h, (size_t) n * (size_t) h_dim, 3.0f);
+	CHECK_OK(cpu_be->ops->weight_create(cpu_be, &hw.hw, 1, &wc, &err), &err);
+	CHECK_OK(gpu_be->ops->weight_create(gpu_be, &hw.hw, 1, &wg, &err), &err);
+	dids = gpu_copy(ids, (size_t) n * 4);
+	dh = gpu_copy(h, (size_t) n * (size_t) h_dim * 4);
+	d = gpu_alloc((size_t) n * width * 4);
+	CHECK_OK(cpu_be->ops->embed_concat(cpu_be, wc, 7.25f, ids, h, h_dim, n, oc), &err);
+	CHECK_OK(gpu_be->ops->embed_concat(gpu_be, wg, 7.25f, dids, dh, h_dim, n, d), &err);
+	gpu_get(og, d, (size_t) n * width * 4);
+	for (i = 0; i < (size_t) n * width; i++)
+		diff += memcmp(&oc[i], &og[i], 4) != 0;
+	snprintf(label, sizeof(label), "%s vocab=%lld dim=%lld+%d n=%d (elements differing)", g4_wfmt_name(fmt),
+			 (long long) vocab, (long long) dim, h_dim, n);
+	report("embed_concat", label, (double) diff, 0);
+	gpu_be->ops->free(gpu_be, d);
+	gpu_be->ops->free(gpu_be, dh);
+	gpu_be->ops->free(gpu_be, dids);
+	gpu_be->ops->weight_destroy(gpu_be, wg);
+	cpu_be->ops->weight_destroy(cpu_be, wc);
+	host_w_free(&hw);
+	free(ids);
+	free(h);
+	free(oc);
+	free(og);
+}
+
+/* The greedy choice left on the device, on random rows and on the rows that
+ * test its rules: ties (the first wins), NaN at 0 (kept), NaN elsewhere
+ * (never), all -inf (index 0). */
+static void
+argmax_case(int n, int vocab)
+{
+	g4_err		err;
+	size_t		len = (size_t) n * (size_t) vocab;
+	float	   *x = malloc(len * 4);
+	int32_t    *ic = malloc((size_t) n * 4),
+			   *ig = malloc((size_t) n * 4);
+	float	   *dx;
+	int32_t    *dids;
+	int			r,
+				i,
+				diff = 0;
+	char		label[96];
+
+	fill_normal(x, len, 4.0f);
+	for (r = 0; r < n; r++)
+	{
+		float	   *row = x + (size_t) r * (size_t) vocab;
+
+		switch (r % 5)
+		{
+			case 1:				/* a tie of the largest value */
+				row[vocab - 1] = 100.0f;
+				row[vocab / 3] = 100.0f;
+				break;
+			case 2:
+				row[0] = NAN;
+				break;
+			case 3:
+				row[vocab / 2] = NAN;
+				row[vocab - 2] = 50.0f;
+				break;
+			case 4:
+				for (i = 0; i < vocab; i++)
+					row[i] = -INFINITY;
+				break;
+			default:
+				break;
+		}
+	}
+	dx = gpu_copy(x, len * 4);
+	dids = gpu_alloc((size_t) n * 4);
+	CHECK_OK(cpu_be->ops->argmax(cpu_be, x, n, vocab, ic), &err);
+	CHECK_OK(gpu_be->ops->argmax(gpu_be, dx, n, vocab, dids), &err);
+	gpu_get(ig, dids, (size_t) n * 4);
+	for (r = 0; r < n; r++)
+		diff += ic[r] != ig[r];
+	snprintf(label, sizeof(label), "n=%d vocab=%d (rows differing)", n, vocab);
+	report("argmax", label, (double) diff, 0);
+	gpu_be->ops->free(gpu_be, dx);
+	gpu_be->ops->free(gpu_be, dids);
+	free(x);
+	free(ic);
+	free(ig);
+}
+
+G4_TEST(gpu_draft_input_and_argmax)
+{
+	NEED_GPU();
+	reseed(41);
+	embed_concat_case(G4_W_BF16, 5000, 3840, 3840, 17);
+	embed_concat_case(G4_W_I4G32, 1000, 640, 640, 6);
+	embed_concat_case(G4_W_F32, 300, 64, 48, 4);
+	embed_concat_case(G4_W_Q6_K, 700, 512, 256, 3);
+	argmax_case(10, 262144);
+	argmax_case(64, 1000);
+	argmax_case(5, 7);
 }
 
 /* ---- row-wise operations ----------------------------------------------------------- */

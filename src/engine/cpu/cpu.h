@@ -50,6 +50,8 @@ g4_cpu_of(g4_backend *be)
 /* operation entry points, by file */
 /* ops_dense.c */
 int			g4_cpu_embed(g4_backend *be, const g4_weight *table, float scale, float *out);
+int			g4_cpu_embed_concat(g4_backend *be, const g4_weight *table, float scale, const int32_t *ids,
+								const float *h, int h_dim, int n, float *out);
 int			g4_cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim,
 						   float eps, float *y);
 int			g4_cpu_head_norm_rope(g4_backend *be, float *x, int n, int stride, int heads, int hd,
@@ -58,6 +60,7 @@ int			g4_cpu_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
 int			g4_cpu_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
 							   int dim, float eps, float scale, const float *next_w, float *y);
 int			g4_cpu_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
+int			g4_cpu_argmax(g4_backend *be, const float *logits, int n, int vocab, int32_t *ids);
 int			g4_cpu_softcap(g4_backend *be, float *x, size_t count, float cap);
 /* ops_embed.c */
 int			g4_cpu_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows,

@@ -1,7 +1,8 @@
 /*
- * ops_dense.c — CPU reference of the row-wise operations: embedding lookup,
- * RMSNorm, per-head norm + RoPE, GeGLU, residual add with post-norm, logit
- * row gathering, soft-capping.
+ * ops_dense.c — CPU reference of the row-wise operations: embedding lookup
+ * (alone, or followed by given rows), RMSNorm, per-head norm + RoPE, GeGLU,
+ * residual add with post-norm, logit row gathering, the largest element of
+ * rows, soft-capping.
  *
  * Numerics follow transformers' float32 path: RMSNorm is
  * x * (mean(x²) + eps)^-0.5 * w (the mean accumulated in double here, which
@@ -38,22 +39,28 @@ typedef struct
 	float	   *out;
 } embed_ctx;
 
+/* dst[w->in] = row tok of the table, decoded, times scale */
+static void
+embed_row(const g4_weight *w, int32_t tok, float scale, float *dst)
+{
+	const g4_host_weight *p = &w->parts[0];
+	int64_t		i;
+
+	g4_dequant_row(p->fmt, (const uint8_t *) p->data + (size_t) tok * g4_wfmt_row_bytes(p->fmt, p->in),
+				   p->scales ? p->scales + (size_t) tok * (size_t) (p->in / 32) : NULL, p->in, dst);
+	for (i = 0; i < w->in; i++)
+		dst[i] *= scale;
+}
+
 static void
 embed_item(void *arg, int64_t t, int thread)
 {
 	embed_ctx  *e = arg;
-	const g4_weight *w = e->table;
-	const g4_host_weight *p = &w->parts[0];
 	int32_t		tok = e->c->token[t];
-	float	   *dst = e->out + (size_t) t * (size_t) w->in;
-	int64_t		i;
 
-	if (tok < 0 || tok >= w->out)
+	if (tok < 0 || tok >= e->table->out)
 		return;					/* supplied by the caller / validated earlier */
-	g4_dequant_row(p->fmt, (const uint8_t *) p->data + (size_t) tok * g4_wfmt_row_bytes(p->fmt, p->in),
-				   p->scales ? p->scales + (size_t) tok * (size_t) (p->in / 32) : NULL, p->in, dst);
-	for (i = 0; i < w->in; i++)
-		dst[i] *= e->scale;
+	embed_row(e->table, tok, e->scale, e->out + (size_t) t * (size_t) e->table->in);
 }
 
 int
@@ -65,6 +72,28 @@ g4_cpu_embed(g4_backend *be, const g4_weight *table, float scale, float *out)
 	if (table->n_parts != 1)
 		return G4_ERR_INTERNAL;
 	g4_pool_run(c->pool, c->n_tokens, embed_item, &e);
+	return G4_OK;
+}
+
+int
+g4_cpu_embed_concat(g4_backend *be, const g4_weight *table, float scale, const int32_t *ids, const float *h,
+					int h_dim, int n, float *out)
+{
+	size_t		width = (size_t) table->in + (size_t) h_dim;
+	int			i;
+
+	if (table->n_parts != 1)
+		return G4_ERR_INTERNAL;
+	for (i = 0; i < n; i++)
+		if (ids[i] < 0 || ids[i] >= table->out)
+			return G4_ERR_INTERNAL;
+	for (i = 0; i < n; i++)
+	{
+		float	   *dst = out + (size_t) i * width;
+
+		embed_row(table, ids[i], scale, dst);
+		memcpy(dst + table->in, h + (size_t) i * (size_t) h_dim, (size_t) h_dim * sizeof(float));
+	}
 	return G4_OK;
 }
 
@@ -241,7 +270,26 @@ g4_cpu_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int
 	return G4_OK;
 }
 
-/* ---- logit rows and soft-cap ---- */
+/* ---- logit rows, their largest element, soft-cap ---- */
+
+int
+g4_cpu_argmax(g4_backend *be, const float *logits, int n, int vocab, int32_t *ids)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		const float *row = logits + (size_t) i * (size_t) vocab;
+		int			j,
+					best = 0;
+
+		for (j = 1; j < vocab; j++)
+			if (row[j] > row[best])
+				best = j;
+		ids[i] = best;
+	}
+	return G4_OK;
+}
 
 int
 g4_cpu_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out)
