@@ -29,6 +29,9 @@
  * combines them by log-sum-exp in split order, one block per row, so
  * results do not depend on timing.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "attention.cuh"
 
 /* ==== simt ======================================================================= */
@@ -703,8 +706,6 @@ attn_merge_kernel(attn_args a, int rows, int chunks)
 
 /* ==== dispatch ===================================================================== */
 
-typedef void (*attn_kernel_fn) (attn_args);
-
 template <int HD>
 static attn_kernel_fn
 simt_kernel_for(int dtype)
@@ -808,13 +809,13 @@ log2i(int v)
 }
 
 /* Splits of a range of `span` keys for `base` blocks of work: about
- * `per_sm` blocks per SM (latency hiding), at least 32 keys each and at most
- * 1024 splits. */
+ * `per_sm` blocks per SM (latency hiding), at least `min_keys` keys each and
+ * at most 1024 splits. */
 static int
-choose_splits(const g4_cuda *c, int base, int span, int per_sm)
+choose_splits(const g4_cuda *c, int base, int span, int per_sm, int min_keys)
 {
 	int			want = (per_sm * c->sm_count + base - 1) / base;
-	int			most = (span + ATTN_SPLIT_MIN_KEYS - 1) / ATTN_SPLIT_MIN_KEYS;
+	int			most = (span + min_keys - 1) / min_keys;
 
 	if (want > most)
 		want = most;
@@ -823,21 +824,102 @@ choose_splits(const g4_cuda *c, int base, int span, int per_sm)
 	return want < 1 ? 1 : want;
 }
 
+/* The kernel serving one layer's step, and how its blocks are laid out. */
+typedef struct
+{
+	attn_kernel_fn fn;
+	const char *name;
+	int			smem;
+	int			threads;
+	int			rows;			/* query rows of one block */
+	int			level;			/* tc: tiles of 2^level tokens; -1: one token per block */
+	int			per_sm;			/* blocks resident per SM (how many splits fill the GPU) */
+	int			min_keys;		/* keys per split, at least */
+} attn_choice;
+
+/*
+ * The choice, by shape (figures: test/bench/RESULTS.md):
+ *  - decode kernel: turboquant head_dim 256 without k_eq_v and steps whose
+ *    tokens are each a tile of their own (every sequence decodes one
+ *    token).  G4_ATTN_DECODE=off turns it off, so benchmarks can time the
+ *    kernels it replaces on the same shapes;
+ *  - tensor cores (64-row tiles when the step's tiles are mostly full,
+ *    i.e. prefill; 16-row tiles otherwise) wherever they exist, except for
+ *    a step of one token with few query heads per KV head, which the
+ *    float32 kernel serves faster (the 12B-shaped decode step at batch 1:
+ *    150 tok/s, 136 on tensor cores; run 16);
+ *  - float32 for the rest.
+ */
+static int
+choose_kernel(const g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_choice *ch)
+{
+	static const char *dec_env;
+	static int	dec_env_read;
+	int			hd = L->head_dim;
+	int			gqmax;
+	attn_kernel_fn simt = simt_kernel(hd, dtype, &gqmax);
+	int			rg = 1;
+	attn_kernel_fn tc = NULL;
+
+	if (!dec_env_read)
+	{
+		dec_env = getenv("G4_ATTN_DECODE");	/* read once: this runs per layer */
+		dec_env_read = 1;
+	}
+	memset(ch, 0, sizeof(*ch));
+	ch->min_keys = ATTN_SPLIT_MIN_KEYS;
+	if (c->n_tiles[G4C_TPC_LEVELS - 1] == n && !(dec_env && strcmp(dec_env, "off") == 0))
+	{
+		ch->fn = attn_decode_kernel_for(hd, dtype, L->k_eq_v, gq, &ch->smem);
+		if (ch->fn)
+		{
+			ch->name = "attention (decode)";
+			ch->threads = 128;
+			ch->rows = gq;
+			ch->level = -1;
+			ch->per_sm = 4;
+			ch->min_keys = 4 * G4_KV_BLOCK_TOKENS;	/* a pool block for each warp */
+			return G4_OK;
+		}
+	}
+	if (gq <= 16 && 16 % gq == 0 && 2 * n >= c->n_tiles[log2i(64 / gq)] * (64 / gq) && n >= 64)
+		rg = 4;
+	if (gq <= 16 && 16 % gq == 0)
+		tc = tc_kernel(hd, L->k_eq_v, dtype, rg, &ch->smem);
+	if (tc && (gq >= 8 || n >= 2 || !simt || gq > gqmax))
+	{
+		ch->fn = tc;
+		ch->name = "attention (tensor cores)";
+		ch->threads = 128 * rg;
+		ch->rows = 16 * rg;
+		ch->level = log2i(16 * rg / gq);
+		/* 4 decode blocks, or 1 prefill block of 512 threads */
+		ch->per_sm = rg == 1 ? 4 : 1;
+		return G4_OK;
+	}
+	if (!simt || gq > gqmax)
+		return G4_ERR_UNSUPPORTED;
+	ch->fn = simt;
+	ch->name = "attention (float32)";
+	ch->smem = ((gq * hd + SIMT_WARPS * gq * (hd + 2)) * (int) sizeof(float) + 15) / 16 * 16 +
+		2 * (int) g4_kv_head_block_bytes(dtype, hd, L->k_eq_v);
+	ch->threads = SIMT_WARPS * 32;
+	ch->rows = gq;
+	ch->level = -1;
+	ch->per_sm = 8;
+	return G4_OK;
+}
+
 int
 g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride, int n, float *out)
 {
 	g4_cuda    *c = g4c_of(be);
 	const g4_kv_pool_desc *kv = &c->kv;
 	attn_args	a;
+	attn_choice ch;
 	int			hd = L->head_dim;
 	int			gq;
-	int			gqmax;
-	attn_kernel_fn simt;
-	attn_kernel_fn tc = NULL;
-	int			rg = 1;
-	int			tc_smem = 0;
-	int			span = c->span_bucket[L->group];
-	bool		use_tc;
+	int			groups;
 
 	if (!c->kv_configured || L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads != 0)
 		return G4_ERR_INTERNAL;
@@ -846,20 +928,7 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	if (kv->dtype == G4_KV_TURBOQUANT_K8V4 && (hd & (hd - 1)) != 0)
 		return G4_ERR_UNSUPPORTED;
 	gq = L->n_heads / L->n_kv_heads;
-	simt = simt_kernel(hd, kv->dtype, &gqmax);
-	/* 64-row tiles only when the step's tiles are mostly full (prefill), not
-	 * for many sequences of one token each (decode) */
-	if (gq <= 16 && 16 % gq == 0 && 2 * n >= c->n_tiles[log2i(64 / gq)] * (64 / gq) && n >= 64)
-		rg = 4;
-	if (gq <= 16 && 16 % gq == 0)
-		tc = tc_kernel(hd, L->k_eq_v, kv->dtype, rg, &tc_smem);
-	/* tensor cores wherever they exist, except for a step of one token
-	 * (batch-1 decode) with few query heads per KV head, which the float32
-	 * kernel serves faster (the 12B-shaped decode step at batch 1: 150 tok/s,
-	 * 136 with tensor cores there); sliding decode at 64 sequences took 492
-	 * µs per layer in float32, 332 on tensor cores */
-	use_tc = tc && (gq >= 8 || n >= 2 || !simt || gq > gqmax);
-	if (!use_tc && (!simt || gq > gqmax))
+	if (choose_kernel(c, L, kv->dtype, gq, n, &ch) != G4_OK)
 		return G4_ERR_UNSUPPORTED;
 
 	a.dtype = kv->dtype;
@@ -885,36 +954,25 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.hi = c->d_hi[L->group];
 	a.status = c->d_status;
 	a.partial = NULL;
+	a.tiles = ch.level >= 0 ? c->d_tiles[ch.level] : NULL;
+	groups = (ch.level >= 0 ? c->n_tiles[ch.level] : n) * a.n_kv;
+	a.S = choose_splits(c, groups, c->span_bucket[L->group], ch.per_sm, ch.min_keys);
+	if (a.S > 1)
 	{
-		int			rows = use_tc ? 16 * rg : gq;
-		int			level = log2i(16 * rg / gq);
-		int			groups = (use_tc ? c->n_tiles[level] : n) * a.n_kv;
-		attn_kernel_fn fn = use_tc ? tc : simt;
-		int			smem = use_tc ? tc_smem :
-			(((gq * hd + SIMT_WARPS * gq * (hd + 2)) * (int) sizeof(float) + 15) / 16 * 16 + 2 * (int) a.head_block_bytes);
-
-		a.tiles = use_tc ? c->d_tiles[level] : NULL;
-		/* resident blocks per SM: 8 small float32 blocks, 4 decode tc blocks,
-		 * 1 prefill tc block of 512 threads */
-		a.S = choose_splits(c, groups, span, use_tc ? (rg == 1 ? 4 : 1) : 8);
-		if (a.S > 1)
-		{
-			a.partial = (float *) g4c_scratch(c, (size_t) groups * a.S * rows * (hd + 2) * sizeof(float));
-			if (!a.partial)
-				return c->err_code;
-		}
-		if (allow_smem(c, fn, smem) != G4_OK)
+		a.partial = (float *) g4c_scratch(c, (size_t) groups * a.S * ch.rows * (hd + 2) * sizeof(float));
+		if (!a.partial)
 			return c->err_code;
-		if (g4c_launch(c, use_tc ? "attention (tensor cores)" : "attention (float32)", fn, dim3(groups, a.S),
-					   dim3(use_tc ? 128 * rg : SIMT_WARPS * 32), (size_t) smem, a) != G4_OK)
-			return c->err_code;
-		if (a.S > 1)
-		{
-			int			chunks = (a.rotated || hd < 256) ? 1 : hd / 128;
-
-			return g4c_launch(c, "attention (merge)", attn_merge_kernel, dim3(groups * rows * chunks), dim3(128),
-							  (a.S + hd) * sizeof(float), a, rows, chunks);
-		}
-		return G4_OK;
 	}
+	if (allow_smem(c, ch.fn, ch.smem) != G4_OK)
+		return c->err_code;
+	if (g4c_launch(c, ch.name, ch.fn, dim3(groups, a.S), dim3(ch.threads), (size_t) ch.smem, a) != G4_OK)
+		return c->err_code;
+	if (a.S > 1)
+	{
+		int			chunks = (a.rotated || hd < 256) ? 1 : hd / 128;
+
+		return g4c_launch(c, "attention (merge)", attn_merge_kernel, dim3(groups * ch.rows * chunks), dim3(128),
+						  (a.S + hd) * sizeof(float), a, ch.rows, chunks);
+	}
+	return G4_OK;
 }

@@ -14,6 +14,9 @@
 
 #define ATTN_SPLIT_MIN_KEYS 32
 
+struct attn_args;
+typedef void (*attn_kernel_fn) (struct attn_args);
+
 struct attn_args
 {
 	int			dtype;
@@ -384,5 +387,9 @@ tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, K
 			make_uint4(g4c_pack_f16(vx[0], vx[1]), g4c_pack_f16(vx[2], vx[3]), g4c_pack_f16(vx[4], vx[5]), g4c_pack_f16(vx[6], vx[7]));
 	}
 }
+
+/* attention_decode.cu: the decode kernel for this geometry, or NULL; *smem
+ * its dynamic shared memory. */
+attn_kernel_fn attn_decode_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *smem);
 
 #endif

@@ -1647,17 +1647,21 @@ attention_suite(int small, int exact16)
 		for (g = 0; g < 2; g++)
 		{
 			int			gq = P.heads / P.nkv[g];
-			/* which kernel runs: tensor cores for head_dim 256/512 when
-			 * gq >= 8 or the step has 2 tokens or more, float32 otherwise */
+			/* which kernel runs (choose_kernel, attention.cu): the decode
+			 * kernel for turboquant head_dim 256 without k_eq_v when every
+			 * token is its own sequence's; tensor cores for head_dim 256/512
+			 * when gq >= 8 or the step has 2 tokens or more; float32
+			 * otherwise */
+			int			dec = !small && dtype == G4_KV_TURBOQUANT_K8V4 && !P.keqv[g] && P.hd[g] == 256;
 			int			tc_one = !small && gq >= 8;
 			int			tc_many = !small;
 			double		tc_bound = exact16 ? 2e-3 : 0.1;
 
 			fill_context(&P, g, 0, len, exact16);
-			attn_case(&P, g, "decode", 1, shape_decode, exact16, tc_one ? tc_bound : 2e-5,
-					  tc_one ? "attention(tc)" : "attention(f32)");
+			attn_case(&P, g, "decode", 1, shape_decode, exact16, dec || tc_one ? tc_bound : 2e-5,
+					  dec ? "attention(decode)" : tc_one ? "attention(tc)" : "attention(f32)");
 			attn_case(&P, g, "decode", 4, shape_decode, exact16, tc_many ? tc_bound : 2e-5,
-					  tc_many ? "attention(tc)" : "attention(f32)");
+					  dec ? "attention(decode)" : tc_many ? "attention(tc)" : "attention(f32)");
 			attn_case(&P, g, "prefill+decode", 98, shape_prefill, exact16, tc_many ? tc_bound : 2e-5,
 					  tc_many ? "attention(tc)" : "attention(f32)");
 			attn_case(&P, g, "prefill short", 12, shape_prefill, exact16, tc_many ? tc_bound : 2e-5,
@@ -1686,6 +1690,30 @@ G4_TEST(gpu_attention_exact_inputs)
 	NEED_GPU();
 	reseed(12);
 	attention_suite(0, 1);
+}
+
+/* The decode kernel at every query-heads-per-KV-head count it takes (1, 2,
+ * 4, 8: Gemma 4's sliding layers have 2, Gemma 3 270M's 4), against the
+ * tensor-core kernel's bound (f16 queries, probabilities and values). */
+G4_TEST(gpu_attention_decode_kernel)
+{
+	static const int len[5] = {1, 37, 1500, 4096, 1100};
+	static const int heads[] = {8, 16, 32, 64};
+	size_t		h;
+
+	NEED_GPU();
+	reseed(13);
+	for (h = 0; h < sizeof(heads) / sizeof(heads[0]); h++)
+	{
+		pool_t		P;
+
+		pool_make(&P, G4_KV_TURBOQUANT_K8V4, 0);
+		P.heads = heads[h];		/* queries only: the pool keeps its 8 KV heads */
+		fill_context(&P, 0, 0, len, 0);
+		attn_case(&P, 0, "decode", 1, shape_decode, 0, 0.1, "attention(decode)");
+		attn_case(&P, 0, "decode", 4, shape_decode, 0, 0.1, "attention(decode)");
+		pool_free(&P);
+	}
 }
 
 G4_TEST(gpu_zz_parity_summary)
