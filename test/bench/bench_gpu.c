@@ -258,7 +258,33 @@ typedef struct
 	const g4_weight *w;
 	const float *in;			/* matmul operands: workspace buffers of the right size */
 	float	   *out;
+	int			which;			/* a layer's matmul (MM_*): w is the next such layer's on each call */
 } op_arg;
+
+enum
+{
+	MM_NONE, MM_QKV, MM_O, MM_GATE_UP, MM_DOWN
+};
+
+/* Matmul `which` of the next layer after l of l's kind (sliding or full).
+ * Timed calls walk the layers so that each one dequantises its weight for
+ * cuBLASLt, as a weight's first call in a step does: the backend keeps the
+ * last two weights' bf16 copies (matmul_lt.cu), which one repeated weight
+ * would always hit. */
+static const g4_weight *
+next_layer_weight(int *l, int which)
+{
+	const g4_model_config *c = &D.m->cfg;
+	const g4_layer *ly;
+	int			j = *l;
+
+	do
+		j = (j + 1) % c->n_layers;
+	while (c->layer_full[j] != c->layer_full[*l]);
+	*l = j;
+	ly = &D.m->layers[j];
+	return which == MM_QKV ? ly->qkv : which == MM_O ? ly->o : which == MM_GATE_UP ? ly->gate_up : ly->down;
+}
 
 enum
 {
@@ -279,6 +305,8 @@ run_op(void *p)
 	switch (a->what)
 	{
 		case OP_MATMUL:
+			if (a->which != MM_NONE)
+				a->w = next_layer_weight(&a->layer, a->which);
 			be->ops->matmul(be, a->w, a->in, n, a->out);
 			break;
 		case OP_RMSNORM:
@@ -415,6 +443,7 @@ breakdown(int n, int ctx)
 			{
 				const g4_layer *ly = &D.m->layers[a.layer];
 
+				a.which = ops[k].kind / 10 <= MM_DOWN ? ops[k].kind / 10 : MM_NONE;
 				switch (ops[k].kind / 10)
 				{
 					case 1:
@@ -496,14 +525,15 @@ bench_matmul(void)
 			struct
 			{
 				const char *name;
+				int			which;
 				const g4_weight *w;
 				const float *in;
 				float	   *out;
 			}			mm[] = {
-				{"qkv", ly->qkv, D.ws.h, D.ws.qkv},
-				{"o", ly->o, D.ws.attn, D.ws.h},
-				{"gate_up", ly->gate_up, D.ws.h, D.ws.gu},
-				{"down", ly->down, D.ws.act, D.ws.h},
+				{"qkv", MM_QKV, ly->qkv, D.ws.h, D.ws.qkv},
+				{"o", MM_O, ly->o, D.ws.attn, D.ws.h},
+				{"gate_up", MM_GATE_UP, ly->gate_up, D.ws.h, D.ws.gu},
+				{"down", MM_DOWN, ly->down, D.ws.act, D.ws.h},
 			};
 			double		sum = 0,
 						bytes = 0,
@@ -520,6 +550,8 @@ bench_matmul(void)
 
 				memset(&a, 0, sizeof(a));
 				a.what = OP_MATMUL;
+				a.which = mm[k].which;
+				a.layer = sl;
 				a.n = n;
 				a.w = mm[k].w;
 				a.in = mm[k].in;
