@@ -195,6 +195,8 @@ cu_destroy(g4_backend *be)
 		cudaFree(c->d_ids);
 	if (c->d_suppress)
 		cudaFree(c->d_suppress);
+	if (c->d_sample_work)
+		cudaFree(c->d_sample_work);
 	if (c->h_rows)
 		cudaFreeHost(c->h_rows);
 	if (c->d_rows)
@@ -874,14 +876,14 @@ g4_backend_cuda_create(int device, g4_backend **out, g4_err *err)
 		cu_destroy(&c->base);
 		return err->code;
 	}
+	c->sm_count = prop.multiProcessorCount;
+	c->pdl = prop.major >= 9;
 	if (g4c_lt_init(c) != G4_OK)
 	{
 		g4_fail(err, G4_ERR_BACKEND, "cannot start cuBLASLt on device %d: %s", device, c->err_msg);
 		cu_destroy(&c->base);
 		return err->code;
 	}
-	c->sm_count = prop.multiProcessorCount;
-	c->pdl = prop.major >= 9;
 	snprintf(c->name, sizeof(c->name), "%.200s (cc %d.%d, %d SMs)", prop.name, prop.major, prop.minor, c->sm_count);
 	*out = &c->base;
 	return G4_OK;

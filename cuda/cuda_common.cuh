@@ -132,6 +132,7 @@ typedef struct
 		uint64_t	used;
 	}			lt_slot[2];
 	uint64_t	lt_clock;
+	int			lt_dequant_blocks;	/* its kernel's blocks resident at once */
 	uint64_t	weight_ids;		/* the last g4_weight id given */
 
 	/* step graphs */
@@ -151,6 +152,8 @@ typedef struct
 	int			cap_rows;
 	int32_t    *d_suppress;
 	int			cap_suppress;
+	void	   *d_sample_work;	/* the passes' partial results */
+	int			cap_sample_work;	/* bytes */
 } g4_cuda;
 
 static inline g4_cuda *

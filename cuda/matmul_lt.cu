@@ -127,6 +127,7 @@ int
 g4c_lt_init(g4_cuda *c)
 {
 	cublasLtHandle_t h = NULL;
+	int			per_sm = 0;
 
 	cublasStatus_t st = cublasLtCreate(&h);
 
@@ -134,6 +135,10 @@ g4c_lt_init(g4_cuda *c)
 		return lt_fail(c, st, "handle");
 	c->lt = h;
 	G4C_CHECK(c, cudaMalloc(&c->lt_ws, LT_WORKSPACE_BYTES));
+	/* as many dequantisation blocks as are resident at once: the items are
+	 * shared evenly, with no second wave */
+	G4C_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dequant_i4_kernel, DQ_WARPS * 32, 0));
+	c->lt_dequant_blocks = c->sm_count * (per_sm > 0 ? per_sm : 1);
 	return G4_OK;
 }
 
@@ -187,8 +192,8 @@ dequantised(g4_cuda *c, const g4_weight *w)
 		return NULL;
 	items = (size_t) w->units * (size_t) ((w->ktiles + DQ_TILES - 1) / DQ_TILES);
 	blocks = (items + DQ_WARPS - 1) / DQ_WARPS;
-	if (blocks > (size_t) c->sm_count * 8)
-		blocks = (size_t) c->sm_count * 8;
+	if (blocks > (size_t) c->lt_dequant_blocks)
+		blocks = (size_t) c->lt_dequant_blocks;
 	if (g4c_launch(c, "matmul (int4 to bf16)", dequant_i4_kernel, dim3((unsigned) blocks), dim3(DQ_WARPS * 32), 0,
 				   (const uint4 *) w->data, (const uint32_t *) w->scales, N, (int) w->ktiles,
 				   (uint16_t *) c->lt_slot[i].data) != G4_OK)

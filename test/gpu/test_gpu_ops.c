@@ -1170,6 +1170,10 @@ G4_TEST(gpu_sample)
 	snprintf(label, sizeof(label), "%d rows x 262144, 10 settings (ids differing)", n);
 	report("sample", label, (double) bad, 0);
 	printf("    device sampler, %d rows x 262,144: %.2f ms (one call, copies included)\n", n, secs * 1e3);
+	/* fewer rows: each split over more blocks (27 at 10 rows on 132 SMs;
+	 * 40 rows take 7) */
+	bad = sample_case(l, 10, vocab, params, np, 1500, suppress, 3, &secs);
+	report("sample", "10 rows x 262144, 10 settings (ids differing)", (double) bad, 0);
 
 	/* heavy ties: logits on a grid of 8 values, every filter cutting through them */
 	for (r = 0; r < n; r++)
@@ -1220,11 +1224,15 @@ G4_TEST(gpu_sample)
 
 			reseed(10);
 			fill_normal(big, (size_t) 64 * vocab, 3.0f);
-			sample_case(big, 1, vocab, &tp[k], 1, 5000, NULL, 0, &secs);
+			bad = sample_case(big, 1, vocab, &tp[k], 1, 5000, NULL, 0, &secs);
 			printf("    device sampler timing (T 1, top_p %g, top_k %d): 1 row %.3f ms", (double) tp[k].top_p,
 				   tp[k].top_k, secs * 1e3);
-			sample_case(big, 64, vocab, &tp[k], 1, 6000, NULL, 0, &secs);
+			bad += sample_case(big, 64, vocab, &tp[k], 1, 6000, NULL, 0, &secs);
 			printf(", 64 rows %.3f ms (copies included)\n", secs * 1e3);
+			/* one row: the widest split (64 blocks) */
+			snprintf(label, sizeof(label), "1 and 64 rows x 262144, top_p %g top_k %d (ids differing)",
+					 (double) tp[k].top_p, tp[k].top_k);
+			report("sample", label, (double) bad, 0);
 			free(big);
 		}
 	}
