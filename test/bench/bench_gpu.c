@@ -396,7 +396,9 @@ breakdown(int n, int ctx)
 		{
 			const char *name;
 			int			what;
-			int			kind;	/* 0 sliding layer, 1 full layer, 2 once per step */
+			int			kind;	/* 0 sliding layer, 1 full layer, 2 once per step; a
+								 * matmul 10·m + that, or 32 / 42: the MLP's row
+								 * slices after the first, its weight kept */
 		}			ops[] = {
 			{"rmsnorm (first layer, final)", OP_RMSNORM, 2},
 			{"matmul qkv sliding", OP_MATMUL, 10},
@@ -415,6 +417,8 @@ breakdown(int n, int ctx)
 			{"matmul gate_up", OP_MATMUL, 30},
 			{"geglu", OP_GEGLU, 0},
 			{"matmul down", OP_MATMUL, 40},
+			{"matmul gate_up, later MLP slices", OP_MATMUL, 32},
+			{"matmul down, later MLP slices", OP_MATMUL, 42},
 			{"embed", OP_EMBED, 2},
 			{"gather logit rows", OP_GATHER, 2},
 			{"matmul lm head", OP_MATMUL, 50},
@@ -442,8 +446,9 @@ breakdown(int n, int ctx)
 			if (ops[k].what == OP_MATMUL)
 			{
 				const g4_layer *ly = &D.m->layers[a.layer];
+				int			later = ops[k].kind % 10 == 2;
 
-				a.which = ops[k].kind / 10 <= MM_DOWN ? ops[k].kind / 10 : MM_NONE;
+				a.which = ops[k].kind / 10 <= MM_DOWN && !later ? ops[k].kind / 10 : MM_NONE;
 				switch (ops[k].kind / 10)
 				{
 					case 1:
@@ -461,14 +466,14 @@ breakdown(int n, int ctx)
 						a.in = D.ws.h;
 						a.out = D.ws.gu;
 						a.n = G4_MIN(n, D.ws.mlp_rows);
-						per = c->n_layers * G4_DIV_UP(n, D.ws.mlp_rows);
+						per = c->n_layers * (later ? G4_DIV_UP(n, D.ws.mlp_rows) - 1 : 1);
 						break;
 					case 4:
 						a.w = ly->down;
 						a.in = D.ws.act;
 						a.out = D.ws.h;
 						a.n = G4_MIN(n, D.ws.mlp_rows);
-						per = c->n_layers * G4_DIV_UP(n, D.ws.mlp_rows);
+						per = c->n_layers * (later ? G4_DIV_UP(n, D.ws.mlp_rows) - 1 : 1);
 						break;
 					default:
 						a.w = D.m->embed;
@@ -479,6 +484,8 @@ breakdown(int n, int ctx)
 				}
 				bytes = (double) be->ops->weight_bytes(a.w);
 			}
+			if (per == 0)
+				continue;		/* one MLP slice: no later ones */
 			t[nt].name = ops[k].name;
 			t[nt].us = time_op(n <= 64 ? 50 : 5, run_op, &a);
 			t[nt].bytes = bytes;
