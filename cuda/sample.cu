@@ -35,8 +35,8 @@
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
-/* blocks per row: two per SM over all rows, at most 64, and at least 4 ids
- * per thread in each */
+/* blocks per row: two per SM shared by the rows, at most 64, and at least
+ * 4 ids per thread in each */
 #define SAMPLE_MAX_SPLIT 64
 #define SAMPLE_MIN_BLOCK_IDS (SAMPLE_THREADS * 4)
 
@@ -712,11 +712,12 @@ grow(g4_cuda *c, void **dev, void **host, int *cap, int n, size_t elem)
 	return G4_OK;
 }
 
-/* Blocks per row: two per SM over all rows, within the limits above. */
+/* Blocks per row: the rows' blocks in one wave of two per SM, within the
+ * limits above. */
 static int
 sample_split(const g4_cuda *c, int n, int vocab)
 {
-	int			split = (2 * c->sm_count + n - 1) / n;
+	int			split = 2 * c->sm_count / n;
 	int			by_ids = (vocab + SAMPLE_MIN_BLOCK_IDS - 1) / SAMPLE_MIN_BLOCK_IDS;
 
 	if (split > SAMPLE_MAX_SPLIT)

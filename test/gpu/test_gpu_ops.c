@@ -1170,8 +1170,8 @@ G4_TEST(gpu_sample)
 	snprintf(label, sizeof(label), "%d rows x 262144, 10 settings (ids differing)", n);
 	report("sample", label, (double) bad, 0);
 	printf("    device sampler, %d rows x 262,144: %.2f ms (one call, copies included)\n", n, secs * 1e3);
-	/* fewer rows: each split over more blocks (27 at 10 rows on 132 SMs;
-	 * 40 rows take 7) */
+	/* fewer rows: each split over more blocks (26 at 10 rows on 132 SMs;
+	 * 40 rows take 6) */
 	bad = sample_case(l, 10, vocab, params, np, 1500, suppress, 3, &secs);
 	report("sample", "10 rows x 262144, 10 settings (ids differing)", (double) bad, 0);
 
