@@ -570,11 +570,12 @@ G4_TEST(gpu_matmul_int4)
 /* The cuBLASLt path dequantises a weight once and keeps the last two in
  * slots (matmul_lt.cu), as the MLP's row slices call gate_up and down in
  * turn: three weights called A B A B C A B C (hits, then each slot refilled
- * in turn), each call within the bf16 bound of the CPU's product and bit for
- * bit its weight's first product. */
+ * in turn), then after a step_begin (which empties the slots) C A, each call
+ * within the bf16 bound of the CPU's product and bit for bit its weight's
+ * first product. */
 G4_TEST(gpu_matmul_int4_dequantised_once)
 {
-	static const int order[] = {0, 1, 0, 1, 2, 0, 1, 2};
+	static const int order[] = {0, 1, 0, 1, 2, 0, 1, 2, -1, 2, 0};	/* -1: a step begins */
 	int64_t		oa[] = {1000};
 	int64_t		ob[] = {520, 250};	/* in % 64 == 32: a half-padded last k-tile */
 	int64_t		oc[] = {4096};
@@ -584,7 +585,9 @@ G4_TEST(gpu_matmul_int4_dequantised_once)
 	float	   *dx[3];
 	const int	n = 200;
 	size_t		k;
-	int			j;
+	int			j,
+				calls = 0,
+				stepped = 0;
 	g4_err		err;
 
 	NEED_GPU();
@@ -601,19 +604,35 @@ G4_TEST(gpu_matmul_int4_dequantised_once)
 	}
 	for (k = 0; k < G4_ARRAY_LEN(order); k++)
 	{
-		mm_weight  *w = &m[order[k]];
-		size_t		ny = (size_t) n * (size_t) w->out;
-		float	   *yg = malloc(ny * 4);
-		float	   *dy = gpu_alloc(ny * 4);
+		mm_weight  *w;
+		size_t		ny;
+		float	   *yg,
+				   *dy;
 		char		label[128];
 		double		worst;
 
+		if (order[k] < 0)
+		{
+			meta_buf	mb;
+			g4_step_meta sm;
+
+			meta_init(&mb, 1);
+			sm = meta_of(&mb);
+			both_step(&sm);
+			meta_free(&mb);
+			stepped = 1;
+			continue;
+		}
+		w = &m[order[k]];
+		ny = (size_t) n * (size_t) w->out;
+		yg = malloc(ny * 4);
+		dy = gpu_alloc(ny * 4);
 		gpu_be->ops->fill(gpu_be, dy, 0xff, ny * 4);
 		CHECK_OK(gpu_be->ops->matmul(gpu_be, w->wg, dx[order[k]], n, dy), &err);
 		gpu_get(yg, dy, ny * 4);
 		gpu_be->ops->free(gpu_be, dy);
-		snprintf(label, sizeof(label), "call %zu: weight %c n=%d out=%lld in=%lld", k + 1, 'A' + order[k], n,
-				 (long long) w->out, (long long) w->in);
+		snprintf(label, sizeof(label), "call %d%s: weight %c n=%d out=%lld in=%lld", ++calls,
+				 stepped ? " (after step_begin)" : "", 'A' + order[k], n, (long long) w->out, (long long) w->in);
 		mm_error(w, x[order[k]], n, yg, &worst);
 		report("matmul reused", label, worst, 8e-3);
 		if (!first[order[k]])
