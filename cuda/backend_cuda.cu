@@ -81,16 +81,18 @@ abort_capture(g4_cuda *c)
 /* ---- scratch ------------------------------------------------------------------ */
 
 void *
-g4c_scratch(g4_cuda *c, size_t bytes)
+g4c_grow(g4_cuda *c, void **buf, size_t *have, size_t bytes, const char *what)
 {
 	void	   *p = NULL;
 	cudaError_t e;
+	char		msg[128];
 
-	if (bytes <= c->scratch_bytes)
-		return c->scratch;
+	if (bytes <= *have)
+		return *buf;
 	if (c->capturing)
 	{
-		fail_msg(c, G4_ERR_INTERNAL, "CUDA scratch would grow while a step graph is recorded");
+		snprintf(msg, sizeof(msg), "CUDA %s would grow while a step graph is recorded", what);
+		fail_msg(c, G4_ERR_INTERNAL, msg);
 		return NULL;
 	}
 	bytes = (bytes + ((size_t) 1 << 20) - 1) & ~(((size_t) 1 << 20) - 1);
@@ -103,20 +105,27 @@ g4c_scratch(g4_cuda *c, size_t bytes)
 		return NULL;
 	}
 	graphs_drop_all(c);
-	if (c->scratch)
-		cudaFree(c->scratch);
-	c->scratch = NULL;
-	c->scratch_bytes = 0;
+	if (*buf)
+		cudaFree(*buf);
+	*buf = NULL;
+	*have = 0;
 	e = cudaMalloc(&p, bytes);
 	if (e != cudaSuccess)
 	{
 		cudaGetLastError();
-		g4c_fail(c, e, "cudaMalloc (scratch)", __FILE__, __LINE__);
+		snprintf(msg, sizeof(msg), "cudaMalloc (%s)", what);
+		g4c_fail(c, e, msg, __FILE__, __LINE__);
 		return NULL;
 	}
-	c->scratch = p;
-	c->scratch_bytes = bytes;
+	*buf = p;
+	*have = bytes;
 	return p;
+}
+
+void *
+g4c_scratch(g4_cuda *c, size_t bytes)
+{
+	return g4c_grow(c, &c->scratch, &c->scratch_bytes, bytes, "scratch");
 }
 
 unsigned *
@@ -186,6 +195,8 @@ cu_destroy(g4_backend *be)
 		cudaFree(c->d_ids);
 	if (c->d_suppress)
 		cudaFree(c->d_suppress);
+	if (c->d_sample_work)
+		cudaFree(c->d_sample_work);
 	if (c->h_rows)
 		cudaFreeHost(c->h_rows);
 	if (c->d_rows)
@@ -442,6 +453,7 @@ cu_weight_create(g4_backend *be, const g4_host_weight *parts, int n_parts, g4_we
 	w = (g4_weight *) calloc(1, sizeof(g4_weight));
 	if (!w)
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	w->id = ++c->weight_ids;
 	w->kind = weight_kind(parts, n_parts);
 	w->in = parts[0].in;
 	for (i = 0; i < n_parts; i++)
@@ -587,6 +599,7 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 				t;
 	uint64_t	key;
 
+	g4c_lt_step_begin(c);
 	if (c->capturing)
 	{
 		/* the forward pass's own call, inside the recording that the
@@ -868,14 +881,14 @@ g4_backend_cuda_create(int device, g4_backend **out, g4_err *err)
 		cu_destroy(&c->base);
 		return err->code;
 	}
+	c->sm_count = prop.multiProcessorCount;
+	c->pdl = prop.major >= 9;
 	if (g4c_lt_init(c) != G4_OK)
 	{
 		g4_fail(err, G4_ERR_BACKEND, "cannot start cuBLASLt on device %d: %s", device, c->err_msg);
 		cu_destroy(&c->base);
 		return err->code;
 	}
-	c->sm_count = prop.multiProcessorCount;
-	c->pdl = prop.major >= 9;
 	snprintf(c->name, sizeof(c->name), "%.200s (cc %d.%d, %d SMs)", prop.name, prop.major, prop.minor, c->sm_count);
 	*out = &c->base;
 	return G4_OK;

@@ -62,6 +62,7 @@ struct g4_weight
 	void	   *data;			/* device */
 	uint16_t   *scales;			/* device, I4 only */
 	size_t		bytes;			/* device bytes held */
+	uint64_t	id;				/* unique per backend, from 1: what caches of it key on */
 };
 
 #define G4C_MAX_GRAPHS 48
@@ -121,6 +122,18 @@ typedef struct
 	/* cuBLASLt (matmul_lt.cu): handle and workspace */
 	void	   *lt;
 	void	   *lt_ws;
+	/* int4 weights dequantised to bf16 for it: two slots, the least
+	 * recently used one refilled, emptied by every step_begin */
+	struct
+	{
+		void	   *data;
+		size_t		bytes;
+		uint64_t	weight;			/* g4_weight id, 0 when empty */
+		uint64_t	used;
+	}			lt_slot[2];
+	uint64_t	lt_clock;
+	int			lt_dequant_blocks;	/* its kernel's blocks resident at once */
+	uint64_t	weight_ids;		/* the last g4_weight id given */
 
 	/* step graphs */
 	g4c_graph	graphs[G4C_MAX_GRAPHS];
@@ -139,6 +152,8 @@ typedef struct
 	int			cap_rows;
 	int32_t    *d_suppress;
 	int			cap_suppress;
+	void	   *d_sample_work;	/* the passes' partial results */
+	int			cap_sample_work;	/* bytes */
 } g4_cuda;
 
 static inline g4_cuda *
@@ -159,6 +174,9 @@ int			g4c_fail(g4_cuda *c, cudaError_t e, const char *what, const char *file, in
 /* Scratch of at least `bytes` (256-byte aligned), or NULL after recording
  * an error (growth is refused while a graph is being recorded). */
 void	   *g4c_scratch(g4_cuda *c, size_t bytes);
+/* The same for any buffer the backend keeps between kernels: *buf grown to
+ * at least `bytes` (the old contents lost; recorded graphs dropped). */
+void	   *g4c_grow(g4_cuda *c, void **buf, size_t *have, size_t bytes, const char *what);
 /* `n` zeroed counters. */
 unsigned   *g4c_counters(g4_cuda *c, size_t n);
 
@@ -440,6 +458,7 @@ int			g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float
 /* matmul_lt.cu */
 int			g4c_lt_init(g4_cuda *c);
 void		g4c_lt_free(g4_cuda *c);
+void		g4c_lt_step_begin(g4_cuda *c);
 int			g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_f32(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);

@@ -1,54 +1,114 @@
 /*
  * matmul_lt.cu — int4 matmuls at prefill row counts through cuBLASLt: the
- * weight is dequantised into a bf16 scratch matrix ((code - 8) · scale, one
+ * weight is dequantised into a bf16 matrix ((code - 8) · scale, one
  * rounding: the values the int4 gemm kernel feeds its tensor cores) and
  * multiplied by the bf16 activations with float32 accumulation.  The
- * dequantisation streams the weight once per call (2.5 bytes per weight),
- * which the GEMM's speed repays only at many rows: the threshold is in
- * g4c_matmul_i4 (matmul_w4.cu).
+ * dequantisation streams the weight (2.5 bytes per weight), which the
+ * GEMM's speed repays only at many rows: the threshold is in g4c_matmul_i4
+ * (matmul_w4.cu).
+ *
+ * A weight is dequantised at most once per step: two slots keep the last two
+ * weights' bf16 matrices, so the MLP's row slices (model.c) reuse gate_up's
+ * and down's.  step_begin empties them, so what a step graph records never
+ * depends on an earlier step.  Device memory: the two largest bf16 matrices
+ * at worst (at the 12B shape gate_up 236 MB + down 118 MB, in the order the
+ * layers call them).
  *
  * The cuBLASLt handle and its workspace are made with the backend, so calls
  * recorded into a step graph allocate nothing.
  */
+#include <string.h>
+
 #include <cublasLt.h>
 
 #include "matmul.cuh"
 
 #define LT_WORKSPACE_BYTES ((size_t) 32 << 20)
 
-/* One thread per 8 consecutive columns of one row: the four words of the
- * row's group in lanes 4g..4g+3 (layout in cuda_common.cuh) hold columns
- * 8p + 2t (nibble p) and 8p + 2t + 1 (nibble p + 4) for t = 0..3. */
-__global__ void
-dequant_i4_kernel(const uint32_t *packed, const uint16_t *scales, int rows, int KT, uint16_t *wb)
+/*
+ * Dequantisation: one warp per item of 16 rows x DQ_TILES k-tiles.  Each
+ * lane loads its 16-byte word group of every tile (the layout in
+ * cuda_common.cuh: lane 4r + t holds rows r and r + 8 of both 32-column
+ * groups, columns 8p + 2t and 8p + 2t + 1 for p = 0..3), writes the bf16
+ * pairs to a shared row-major stage, and the warp then stores whole rows of
+ * DQ_TILES · 128 bytes with 16-byte stores.  The grid fills the GPU and
+ * strides over the items.
+ */
+#define DQ_TILES 4
+#define DQ_WARPS 4
+/* a stage row in 32-bit words; the 4 extra put the 8 rows that one shared
+ * store instruction spans in different banks */
+#define DQ_ROW_WORDS (DQ_TILES * 32 + 4)
+
+__global__ void __launch_bounds__(DQ_WARPS * 32)
+dequant_i4_kernel(const uint4 *packed, const uint32_t *scales, int rows, int KT, uint16_t *wb)
 {
-	int			Kp8 = KT * 8;
-	size_t		total = (size_t) rows * (size_t) Kp8;
+	__shared__ __align__(16) uint32_t stage[DQ_WARPS][16 * DQ_ROW_WORDS];
+	int			lane = threadIdx.x & 31;
+	int			r = lane >> 2,
+				t = lane & 3;
+	uint32_t   *st = stage[threadIdx.x >> 5];
+	int			spans = (KT + DQ_TILES - 1) / DQ_TILES;
+	size_t		items = (size_t) ((rows + 15) / 16) * (size_t) spans;
+	size_t		Kp = (size_t) KT * 64;
 
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
-	for (size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t) gridDim.x * blockDim.x)
+	for (size_t it = (size_t) blockIdx.x * DQ_WARPS + (threadIdx.x >> 5); it < items;
+		 it += (size_t) gridDim.x * DQ_WARPS)
 	{
-		int			R = (int) (i / (size_t) Kp8);
-		int			c8 = (int) (i - (size_t) R * (size_t) Kp8);
-		int			G = c8 >> 2,
-					p = c8 & 3;
-		int			rr = R & 15;
-		size_t		tile = (size_t) (R >> 4) * (size_t) KT + (size_t) (G >> 1);
-		int			wi = (rr >> 3) * 2 + (G & 1);
-		float		s = g4_bf16_to_f32(scales[(tile * 16 + (size_t) rr) * 2 + (size_t) (G & 1)]);
-		uint32_t	out[4];
+		int			U = (int) (it / (size_t) spans);
+		int			kt0 = (int) (it - (size_t) U * (size_t) spans) * DQ_TILES;
+		int			nt = min(DQ_TILES, KT - kt0);
+		uint4		q[DQ_TILES];
+		uint32_t	sc[DQ_TILES][2];	/* rows r, r + 8: group 0 low, group 1 high */
+
+		/* every load first, then the arithmetic */
+#pragma unroll
+		for (int j = 0; j < DQ_TILES; j++)
+			if (j < nt)
+			{
+				size_t		tile = (size_t) U * (size_t) KT + (size_t) (kt0 + j);
+
+				q[j] = packed[tile * 32 + (size_t) lane];
+				sc[j][0] = scales[tile * 16 + (size_t) r];
+				sc[j][1] = scales[tile * 16 + (size_t) r + 8];
+			}
+#pragma unroll
+		for (int j = 0; j < DQ_TILES; j++)
+		{
+			uint32_t	words[4] = {q[j].x, q[j].y, q[j].z, q[j].w};
+
+			if (j >= nt)
+				break;
+#pragma unroll
+			for (int wi = 0; wi < 4; wi++)
+			{
+				int			h = wi >> 1,
+							G = wi & 1;
+				float		s = g4_bf16_to_f32((uint16_t) (sc[j][h] >> (16 * G)));
+				uint32_t   *dst = st + (r + 8 * h) * DQ_ROW_WORDS + j * 32 + G * 16 + t;
 
 #pragma unroll
-		for (int t = 0; t < 4; t++)
-		{
-			uint32_t	word = packed[(tile * 32 + (size_t) ((rr & 7) * 4 + t)) * 4 + (size_t) wi];
-			float		v0 = (float) ((int) ((word >> (4 * p)) & 15u) - 8) * s;
-			float		v1 = (float) ((int) ((word >> (4 * (p + 4))) & 15u) - 8) * s;
+				for (int p = 0; p < 4; p++)
+				{
+					float		v0 = (float) ((int) ((words[wi] >> (4 * p)) & 15u) - 8) * s;
+					float		v1 = (float) ((int) ((words[wi] >> (4 * (p + 4))) & 15u) - 8) * s;
 
-			out[t] = g4c_pack_bf16(v0, v1);
+					dst[4 * p] = g4c_pack_bf16(v0, v1);
+				}
+			}
 		}
-		reinterpret_cast<uint4 *>(wb)[i] = make_uint4(out[0], out[1], out[2], out[3]);
+		__syncwarp();
+		for (int row = 0; row < 16; row++)
+		{
+			int			R = U * 16 + row;
+
+			if (R < rows && lane < nt * 8)
+				reinterpret_cast<uint4 *>(wb + (size_t) R * Kp + (size_t) kt0 * 64)[lane] =
+					reinterpret_cast<const uint4 *>(st + row * DQ_ROW_WORDS)[lane];
+		}
+		__syncwarp();			/* the stage is refilled by the next item */
 	}
 }
 
@@ -67,6 +127,7 @@ int
 g4c_lt_init(g4_cuda *c)
 {
 	cublasLtHandle_t h = NULL;
+	int			per_sm = 0;
 
 	cublasStatus_t st = cublasLtCreate(&h);
 
@@ -74,18 +135,72 @@ g4c_lt_init(g4_cuda *c)
 		return lt_fail(c, st, "handle");
 	c->lt = h;
 	G4C_CHECK(c, cudaMalloc(&c->lt_ws, LT_WORKSPACE_BYTES));
+	/* as many dequantisation blocks as are resident at once: the items are
+	 * shared evenly, with no second wave */
+	G4C_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dequant_i4_kernel, DQ_WARPS * 32, 0));
+	c->lt_dequant_blocks = c->sm_count * (per_sm > 0 ? per_sm : 1);
 	return G4_OK;
 }
 
 void
 g4c_lt_free(g4_cuda *c)
 {
+	for (int i = 0; i < 2; i++)
+		if (c->lt_slot[i].data)
+			cudaFree(c->lt_slot[i].data);
+	memset(c->lt_slot, 0, sizeof(c->lt_slot));
 	if (c->lt_ws)
 		cudaFree(c->lt_ws);
 	if (c->lt)
 		cublasLtDestroy((cublasLtHandle_t) c->lt);
 	c->lt_ws = NULL;
 	c->lt = NULL;
+}
+
+void
+g4c_lt_step_begin(g4_cuda *c)
+{
+	/* the slot choice too starts afresh: a step's first run sizes the slots
+	 * for its recording */
+	for (int i = 0; i < 2; i++)
+	{
+		c->lt_slot[i].weight = 0;
+		c->lt_slot[i].used = 0;
+	}
+}
+
+/* The bf16 matrix [out][ktiles · 64] of w: a slot's, when this step has
+ * dequantised w already, else the least recently used slot's, refilled.
+ * NULL after recording an error. */
+static const uint16_t *
+dequantised(g4_cuda *c, const g4_weight *w)
+{
+	int			N = (int) w->out;
+	int			i = c->lt_slot[0].used <= c->lt_slot[1].used ? 0 : 1;
+	size_t		items,
+				blocks;
+
+	for (int k = 0; k < 2; k++)
+		if (c->lt_slot[k].weight == w->id)
+		{
+			c->lt_slot[k].used = ++c->lt_clock;
+			return (const uint16_t *) c->lt_slot[k].data;
+		}
+	c->lt_slot[i].weight = 0;
+	if (!g4c_grow(c, &c->lt_slot[i].data, &c->lt_slot[i].bytes, (size_t) N * (size_t) w->ktiles * 128,
+				  "dequantised weight"))
+		return NULL;
+	items = (size_t) w->units * (size_t) ((w->ktiles + DQ_TILES - 1) / DQ_TILES);
+	blocks = (items + DQ_WARPS - 1) / DQ_WARPS;
+	if (blocks > (size_t) c->lt_dequant_blocks)
+		blocks = (size_t) c->lt_dequant_blocks;
+	if (g4c_launch(c, "matmul (int4 to bf16)", dequant_i4_kernel, dim3((unsigned) blocks), dim3(DQ_WARPS * 32), 0,
+				   (const uint4 *) w->data, (const uint32_t *) w->scales, N, (int) w->ktiles,
+				   (uint16_t *) c->lt_slot[i].data) != G4_OK)
+		return NULL;
+	c->lt_slot[i].weight = w->id;
+	c->lt_slot[i].used = ++c->lt_clock;
+	return (const uint16_t *) c->lt_slot[i].data;
 }
 
 #define LT_CHECK(c, call, what) do { cublasStatus_t _s = (call); \
@@ -98,10 +213,8 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 {
 	int			Kp = (int) w->ktiles * 64;
 	int			N = (int) w->out;
-	size_t		xb_bytes = ((size_t) n * (size_t) Kp * 2 + 255) & ~(size_t) 255;
-	unsigned char *scratch = (unsigned char *) g4c_scratch(c, xb_bytes + (size_t) N * (size_t) Kp * 2);
-	uint16_t   *xb,
-			   *wb;
+	uint16_t   *xb = (uint16_t *) g4c_scratch(c, (size_t) n * (size_t) Kp * 2);
+	const uint16_t *wb;
 	cublasLtMatmulDesc_t op = NULL;
 	cublasLtMatrixLayout_t la = NULL,
 				lb = NULL,
@@ -115,22 +228,11 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 				beta = 0.0f;
 	int			rc = G4_OK;
 
-	if (!scratch)
+	if (!xb || g4c_to_bf16(c, x, n, (int) w->in, Kp, xb) != G4_OK)
 		return c->err_code;
-	xb = (uint16_t *) scratch;
-	wb = (uint16_t *) (scratch + xb_bytes);
-	if (g4c_to_bf16(c, x, n, (int) w->in, Kp, xb) != G4_OK)
+	wb = dequantised(c, w);
+	if (!wb)
 		return c->err_code;
-	{
-		size_t		total = (size_t) N * (size_t) w->ktiles * 8;
-		size_t		blocks = (total + 255) / 256;
-
-		if (blocks > (size_t) c->sm_count * 16)
-			blocks = (size_t) c->sm_count * 16;
-		if (g4c_launch(c, "matmul (int4 to bf16)", dequant_i4_kernel, dim3((unsigned) blocks), dim3(256), 0,
-					   (const uint32_t *) w->data, (const uint16_t *) w->scales, N, (int) w->ktiles, wb) != G4_OK)
-			return c->err_code;
-	}
 	LT_CHECK(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
 	LT_CHECK(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "descriptor");
 	LT_CHECK(c, cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, Kp, N, Kp), "layout");

@@ -258,7 +258,33 @@ typedef struct
 	const g4_weight *w;
 	const float *in;			/* matmul operands: workspace buffers of the right size */
 	float	   *out;
+	int			which;			/* a layer's matmul (MM_*): w is the next such layer's on each call */
 } op_arg;
+
+enum
+{
+	MM_NONE, MM_QKV, MM_O, MM_GATE_UP, MM_DOWN
+};
+
+/* Matmul `which` of the next layer after l of l's kind (sliding or full).
+ * Timed calls walk the layers so that each one dequantises its weight for
+ * cuBLASLt, as a weight's first call in a step does: the backend keeps the
+ * last two weights' bf16 copies (matmul_lt.cu), which one repeated weight
+ * would always hit. */
+static const g4_weight *
+next_layer_weight(int *l, int which)
+{
+	const g4_model_config *c = &D.m->cfg;
+	const g4_layer *ly;
+	int			j = *l;
+
+	do
+		j = (j + 1) % c->n_layers;
+	while (c->layer_full[j] != c->layer_full[*l]);
+	*l = j;
+	ly = &D.m->layers[j];
+	return which == MM_QKV ? ly->qkv : which == MM_O ? ly->o : which == MM_GATE_UP ? ly->gate_up : ly->down;
+}
 
 enum
 {
@@ -279,6 +305,8 @@ run_op(void *p)
 	switch (a->what)
 	{
 		case OP_MATMUL:
+			if (a->which != MM_NONE)
+				a->w = next_layer_weight(&a->layer, a->which);
 			be->ops->matmul(be, a->w, a->in, n, a->out);
 			break;
 		case OP_RMSNORM:
@@ -368,7 +396,9 @@ breakdown(int n, int ctx)
 		{
 			const char *name;
 			int			what;
-			int			kind;	/* 0 sliding layer, 1 full layer, 2 once per step */
+			int			kind;	/* 0 sliding layer, 1 full layer, 2 once per step; a
+								 * matmul 10·m + that, or 32 / 42: the MLP's row
+								 * slices after the first, its weight kept */
 		}			ops[] = {
 			{"rmsnorm (first layer, final)", OP_RMSNORM, 2},
 			{"matmul qkv sliding", OP_MATMUL, 10},
@@ -387,6 +417,8 @@ breakdown(int n, int ctx)
 			{"matmul gate_up", OP_MATMUL, 30},
 			{"geglu", OP_GEGLU, 0},
 			{"matmul down", OP_MATMUL, 40},
+			{"matmul gate_up, later MLP slices", OP_MATMUL, 32},
+			{"matmul down, later MLP slices", OP_MATMUL, 42},
 			{"embed", OP_EMBED, 2},
 			{"gather logit rows", OP_GATHER, 2},
 			{"matmul lm head", OP_MATMUL, 50},
@@ -414,7 +446,9 @@ breakdown(int n, int ctx)
 			if (ops[k].what == OP_MATMUL)
 			{
 				const g4_layer *ly = &D.m->layers[a.layer];
+				int			later = ops[k].kind % 10 == 2;
 
+				a.which = ops[k].kind / 10 <= MM_DOWN && !later ? ops[k].kind / 10 : MM_NONE;
 				switch (ops[k].kind / 10)
 				{
 					case 1:
@@ -432,14 +466,14 @@ breakdown(int n, int ctx)
 						a.in = D.ws.h;
 						a.out = D.ws.gu;
 						a.n = G4_MIN(n, D.ws.mlp_rows);
-						per = c->n_layers * G4_DIV_UP(n, D.ws.mlp_rows);
+						per = c->n_layers * (later ? G4_DIV_UP(n, D.ws.mlp_rows) - 1 : 1);
 						break;
 					case 4:
 						a.w = ly->down;
 						a.in = D.ws.act;
 						a.out = D.ws.h;
 						a.n = G4_MIN(n, D.ws.mlp_rows);
-						per = c->n_layers * G4_DIV_UP(n, D.ws.mlp_rows);
+						per = c->n_layers * (later ? G4_DIV_UP(n, D.ws.mlp_rows) - 1 : 1);
 						break;
 					default:
 						a.w = D.m->embed;
@@ -450,6 +484,8 @@ breakdown(int n, int ctx)
 				}
 				bytes = (double) be->ops->weight_bytes(a.w);
 			}
+			if (per == 0)
+				continue;		/* one MLP slice: no later ones */
 			t[nt].name = ops[k].name;
 			t[nt].us = time_op(n <= 64 ? 50 : 5, run_op, &a);
 			t[nt].bytes = bytes;
@@ -496,14 +532,15 @@ bench_matmul(void)
 			struct
 			{
 				const char *name;
+				int			which;
 				const g4_weight *w;
 				const float *in;
 				float	   *out;
 			}			mm[] = {
-				{"qkv", ly->qkv, D.ws.h, D.ws.qkv},
-				{"o", ly->o, D.ws.attn, D.ws.h},
-				{"gate_up", ly->gate_up, D.ws.h, D.ws.gu},
-				{"down", ly->down, D.ws.act, D.ws.h},
+				{"qkv", MM_QKV, ly->qkv, D.ws.h, D.ws.qkv},
+				{"o", MM_O, ly->o, D.ws.attn, D.ws.h},
+				{"gate_up", MM_GATE_UP, ly->gate_up, D.ws.h, D.ws.gu},
+				{"down", MM_DOWN, ly->down, D.ws.act, D.ws.h},
 			};
 			double		sum = 0,
 						bytes = 0,
@@ -520,6 +557,8 @@ bench_matmul(void)
 
 				memset(&a, 0, sizeof(a));
 				a.what = OP_MATMUL;
+				a.which = mm[k].which;
+				a.layer = sl;
 				a.n = n;
 				a.w = mm[k].w;
 				a.in = mm[k].in;

@@ -325,104 +325,154 @@ host_w_free(host_w *w)
 
 /* ---- matmul ----------------------------------------------------------------------- */
 
+/* A weight (the parts fused) on both backends, with |W| on the CPU for the
+ * error measure. */
+typedef struct
+{
+	int			fmt;
+	int			n_parts;
+	int64_t		out;
+	int64_t		in;
+	host_w		hw[4];
+	float	   *absw;
+	g4_weight  *wc,
+			   *wg,
+			   *wa;
+} mm_weight;
+
+static void
+mm_weight_make(mm_weight *m, int fmt, int n_parts, const int64_t *outs, int64_t in)
+{
+	g4_host_weight parts[4],
+				abs_part;
+	int64_t		r0 = 0;
+	int			p;
+	g4_err		err;
+
+	memset(m, 0, sizeof(*m));
+	m->fmt = fmt;
+	m->n_parts = n_parts;
+	m->in = in;
+	for (p = 0; p < n_parts; p++)
+	{
+		host_w_make(&m->hw[p], fmt, outs[p], in);
+		parts[p] = m->hw[p].hw;
+		m->out += outs[p];
+	}
+	m->absw = malloc((size_t) m->out * (size_t) in * 4);
+	/* Σ|w·x| per output, through the CPU backend on |W| and |x| */
+	for (p = 0; p < n_parts; p++)
+	{
+		int64_t		r;
+
+		for (r = 0; r < outs[p]; r++)
+		{
+			float	   *row = m->absw + (size_t) (r0 + r) * (size_t) in;
+			int64_t		k;
+
+			g4_dequant_row(fmt, (const uint8_t *) parts[p].data + (size_t) r * g4_wfmt_row_bytes(fmt, in),
+						   parts[p].scales ? parts[p].scales + (size_t) r * (size_t) (in / 32) : NULL, in, row);
+			for (k = 0; k < in; k++)
+				row[k] = fabsf(row[k]);
+		}
+		r0 += outs[p];
+	}
+	abs_part.fmt = G4_W_F32;
+	abs_part.out = m->out;
+	abs_part.in = in;
+	abs_part.data = m->absw;
+	abs_part.scales = NULL;
+	CHECK_OK(cpu_be->ops->weight_create(cpu_be, parts, n_parts, &m->wc, &err), &err);
+	CHECK_OK(cpu_be->ops->weight_create(cpu_be, &abs_part, 1, &m->wa, &err), &err);
+	CHECK_OK(gpu_be->ops->weight_create(gpu_be, parts, n_parts, &m->wg, &err), &err);
+}
+
+static void
+mm_weight_free(mm_weight *m)
+{
+	int			p;
+
+	gpu_be->ops->weight_destroy(gpu_be, m->wg);
+	cpu_be->ops->weight_destroy(cpu_be, m->wc);
+	cpu_be->ops->weight_destroy(cpu_be, m->wa);
+	for (p = 0; p < m->n_parts; p++)
+		host_w_free(&m->hw[p]);
+	free(m->absw);
+}
+
+/* *worst: the worst error of the GPU's product yg = x·Wᵀ (n rows) relative
+ * to Σ|w·x|, against the CPU backend's. */
+static void
+mm_error(const mm_weight *m, const float *x, int n, const float *yg, double *worst)
+{
+	size_t		ny = (size_t) n * (size_t) m->out;
+	float	   *ax = malloc((size_t) n * (size_t) m->in * 4),
+			   *yc = malloc(ny * 4),
+			   *ya = malloc(ny * 4);
+	size_t		i;
+	g4_err		err;
+
+	*worst = NAN;				/* fails the report if a CPU product fails */
+	for (i = 0; i < (size_t) n * (size_t) m->in; i++)
+		ax[i] = fabsf(x[i]);
+	CHECK_OK(cpu_be->ops->matmul(cpu_be, m->wc, x, n, yc), &err);
+	CHECK_OK(cpu_be->ops->matmul(cpu_be, m->wa, ax, n, ya), &err);
+	*worst = 0.0;
+	for (i = 0; i < ny; i++)
+	{
+		double		e = fabs((double) yg[i] - (double) yc[i]) / ((double) ya[i] + 1e-30);
+
+		if (e > *worst || e != e)
+			*worst = e;
+	}
+	free(ax);
+	free(yc);
+	free(ya);
+}
+
 /* One weight (the parts fused) against the CPU backend for each row count of
  * ns, fresh activations each time; then the same product again on the GPU,
  * which must be bit for bit the first (deterministic reductions). */
 static void
 matmul_cases(int fmt, int n_parts, const int64_t *outs, int64_t in, const int *ns, int count)
 {
-	host_w		hw[4];
-	g4_host_weight parts[4],
-				abs_part;
-	g4_weight  *wc = NULL,
-			   *wg = NULL,
-			   *wa = NULL;
-	int64_t		out = 0;
-	int			p,
-				c;
-	float	   *absw;
+	mm_weight	m;
+	int			c;
 	g4_err		err;
 
-	for (p = 0; p < n_parts; p++)
-	{
-		host_w_make(&hw[p], fmt, outs[p], in);
-		parts[p] = hw[p].hw;
-		out += outs[p];
-	}
-	absw = malloc((size_t) out * (size_t) in * 4);
-	/* Σ|w·x| per output, through the CPU backend on |W| and |x| */
-	{
-		int64_t		r0 = 0;
-
-		for (p = 0; p < n_parts; p++)
-		{
-			int64_t		r;
-
-			for (r = 0; r < outs[p]; r++)
-			{
-				float	   *row = absw + (size_t) (r0 + r) * (size_t) in;
-				int64_t		k;
-
-				g4_dequant_row(fmt, (const uint8_t *) parts[p].data + (size_t) r * g4_wfmt_row_bytes(fmt, in),
-							   parts[p].scales ? parts[p].scales + (size_t) r * (size_t) (in / 32) : NULL, in, row);
-				for (k = 0; k < in; k++)
-					row[k] = fabsf(row[k]);
-			}
-			r0 += outs[p];
-		}
-	}
-	abs_part.fmt = G4_W_F32;
-	abs_part.out = out;
-	abs_part.in = in;
-	abs_part.data = absw;
-	abs_part.scales = NULL;
-	CHECK_OK(cpu_be->ops->weight_create(cpu_be, parts, n_parts, &wc, &err), &err);
-	CHECK_OK(cpu_be->ops->weight_create(cpu_be, &abs_part, 1, &wa, &err), &err);
-	CHECK_OK(gpu_be->ops->weight_create(gpu_be, parts, n_parts, &wg, &err), &err);
+	mm_weight_make(&m, fmt, n_parts, outs, in);
 	for (c = 0; c < count; c++)
 	{
 		int			n = ns[c];
-		size_t		ny = (size_t) n * (size_t) out;
+		size_t		ny = (size_t) n * (size_t) m.out;
 		float	   *x = malloc((size_t) n * (size_t) in * 4),
-				   *ax = malloc((size_t) n * (size_t) in * 4),
-				   *yc = malloc(ny * 4),
 				   *yg = malloc(ny * 4),
-				   *yg2 = malloc(ny * 4),
-				   *ya = malloc(ny * 4);
+				   *yg2 = malloc(ny * 4);
 		float	   *dx,
 				   *dy,
 				   *dy2;
-		double		worst = 0.0;
+		double		worst;
 		size_t		i,
 					differ = 0;
 		char		label[128];
 		int			bf16_class = (fmt == G4_W_I4G32 || fmt == G4_W_BF16) && in > 256 && n > 16;
 
 		fill_normal(x, (size_t) n * (size_t) in, 1.0f);
-		for (i = 0; i < (size_t) n * (size_t) in; i++)
-			ax[i] = fabsf(x[i]);
-		CHECK_OK(cpu_be->ops->matmul(cpu_be, wc, x, n, yc), &err);
-		CHECK_OK(cpu_be->ops->matmul(cpu_be, wa, ax, n, ya), &err);
 		dx = gpu_copy(x, (size_t) n * (size_t) in * 4);
 		dy = gpu_alloc(ny * 4);
 		dy2 = gpu_alloc(ny * 4);
 		/* NaN: every element must be written */
 		gpu_be->ops->fill(gpu_be, dy, 0xff, ny * 4);
 		gpu_be->ops->fill(gpu_be, dy2, 0xff, ny * 4);
-		CHECK_OK(gpu_be->ops->matmul(gpu_be, wg, dx, n, dy), &err);
-		CHECK_OK(gpu_be->ops->matmul(gpu_be, wg, dx, n, dy2), &err);
+		CHECK_OK(gpu_be->ops->matmul(gpu_be, m.wg, dx, n, dy), &err);
+		CHECK_OK(gpu_be->ops->matmul(gpu_be, m.wg, dx, n, dy2), &err);
 		gpu_get(yg, dy, ny * 4);
 		gpu_get(yg2, dy2, ny * 4);
+		mm_error(&m, x, n, yg, &worst);
 		for (i = 0; i < ny; i++)
-		{
-			double		e = fabs((double) yg[i] - (double) yc[i]) / ((double) ya[i] + 1e-30);
-
-			if (e > worst || e != e)
-				worst = e;
 			if (memcmp(&yg[i], &yg2[i], 4) != 0)
 				differ++;
-		}
-		snprintf(label, sizeof(label), "%s n=%d out=%lld%s in=%lld%s", g4_wfmt_name(fmt), n, (long long) out,
+		snprintf(label, sizeof(label), "%s n=%d out=%lld%s in=%lld%s", g4_wfmt_name(fmt), n, (long long) m.out,
 				 n_parts > 1 ? " (fused)" : "", (long long) in, getenv("G4_MATMUL_I4") ? " (forced path)" : "");
 		report("matmul", label, worst, bf16_class ? 8e-3 : 3e-5);
 		/* exact: the count of outputs that differ between the two calls */
@@ -431,18 +481,10 @@ matmul_cases(int fmt, int n_parts, const int64_t *outs, int64_t in, const int *n
 		gpu_be->ops->free(gpu_be, dy);
 		gpu_be->ops->free(gpu_be, dy2);
 		free(x);
-		free(ax);
-		free(yc);
 		free(yg);
 		free(yg2);
-		free(ya);
 	}
-	gpu_be->ops->weight_destroy(gpu_be, wg);
-	cpu_be->ops->weight_destroy(cpu_be, wc);
-	cpu_be->ops->weight_destroy(cpu_be, wa);
-	for (p = 0; p < n_parts; p++)
-		host_w_free(&hw[p]);
-	free(absw);
+	mm_weight_free(&m);
 }
 
 static void
@@ -453,7 +495,7 @@ matmul_case(int fmt, int n_parts, const int64_t *outs, int64_t in, int n)
 
 /* 1 to 16 rows run the int4 GEMV (gemv_w4.cu: 1, 2 or 4 n8 tiles of 4 rows
  * each), then the int4 gemm (matmul.cuh: 32, 64 or 128 token rows per block,
- * K split over blocks) and from 512 rows the bf16 dequantisation + cuBLASLt
+ * K split over blocks) and from 160 rows the bf16 dequantisation + cuBLASLt
  * (matmul_lt.cu); the choice is g4c_matmul_i4's.  The GEMV row counts fill
  * each tile count partly and wholly. */
 G4_TEST(gpu_matmul_int4)
@@ -523,6 +565,98 @@ G4_TEST(gpu_matmul_int4)
 		matmul_cases(G4_W_I4G32, 2, half, 672, lt_ns, G4_ARRAY_LEN(lt_ns));
 		matmul_case(G4_W_I4G32, 1, down, 15360, 200);
 		unsetenv("G4_MATMUL_I4");
+	}
+}
+
+/* The cuBLASLt path dequantises a weight once and keeps the last two in
+ * slots (matmul_lt.cu), as the MLP's row slices call gate_up and down in
+ * turn: three weights called A B A B C A B C (hits, then each slot refilled
+ * in turn), then after a step_begin (which empties the slots) C A, each call
+ * within the bf16 bound of the CPU's product and bit for bit its weight's
+ * first product. */
+G4_TEST(gpu_matmul_int4_dequantised_once)
+{
+	static const int order[] = {0, 1, 0, 1, 2, 0, 1, 2, -1, 2, 0};	/* -1: a step begins */
+	int64_t		oa[] = {1000};
+	int64_t		ob[] = {520, 250};	/* in % 64 == 32: a half-padded last k-tile */
+	int64_t		oc[] = {4096};
+	mm_weight	m[3];
+	float	   *x[3],
+			   *first[3];
+	float	   *dx[3];
+	const int	n = 200;
+	size_t		k;
+	int			j,
+				calls = 0,
+				stepped = 0;
+	g4_err		err;
+
+	NEED_GPU();
+	reseed(13);
+	mm_weight_make(&m[0], G4_W_I4G32, 1, oa, 1024);
+	mm_weight_make(&m[1], G4_W_I4G32, 2, ob, 672);
+	mm_weight_make(&m[2], G4_W_I4G32, 1, oc, 3840);
+	for (j = 0; j < 3; j++)
+	{
+		x[j] = malloc((size_t) n * (size_t) m[j].in * 4);
+		first[j] = NULL;
+		fill_normal(x[j], (size_t) n * (size_t) m[j].in, 1.0f);
+		dx[j] = gpu_copy(x[j], (size_t) n * (size_t) m[j].in * 4);
+	}
+	for (k = 0; k < G4_ARRAY_LEN(order); k++)
+	{
+		mm_weight  *w;
+		size_t		ny;
+		float	   *yg,
+				   *dy;
+		char		label[128];
+		double		worst;
+
+		if (order[k] < 0)
+		{
+			meta_buf	mb;
+			g4_step_meta sm;
+
+			meta_init(&mb, 1);
+			sm = meta_of(&mb);
+			both_step(&sm);
+			meta_free(&mb);
+			stepped = 1;
+			continue;
+		}
+		w = &m[order[k]];
+		ny = (size_t) n * (size_t) w->out;
+		yg = malloc(ny * 4);
+		dy = gpu_alloc(ny * 4);
+		gpu_be->ops->fill(gpu_be, dy, 0xff, ny * 4);
+		CHECK_OK(gpu_be->ops->matmul(gpu_be, w->wg, dx[order[k]], n, dy), &err);
+		gpu_get(yg, dy, ny * 4);
+		gpu_be->ops->free(gpu_be, dy);
+		snprintf(label, sizeof(label), "call %d%s: weight %c n=%d out=%lld in=%lld", ++calls,
+				 stepped ? " (after step_begin)" : "", 'A' + order[k], n, (long long) w->out, (long long) w->in);
+		mm_error(w, x[order[k]], n, yg, &worst);
+		report("matmul reused", label, worst, 8e-3);
+		if (!first[order[k]])
+			first[order[k]] = yg;
+		else
+		{
+			size_t		i,
+						differ = 0;
+
+			for (i = 0; i < ny; i++)
+				if (memcmp(&yg[i], &first[order[k]][i], 4) != 0)
+					differ++;
+			/* exact: the count of outputs that differ from the first call */
+			report("matmul reused same", label, (double) differ, 0.0);
+			free(yg);
+		}
+	}
+	for (j = 0; j < 3; j++)
+	{
+		gpu_be->ops->free(gpu_be, dx[j]);
+		free(x[j]);
+		free(first[j]);
+		mm_weight_free(&m[j]);
 	}
 }
 
@@ -1179,6 +1313,10 @@ G4_TEST(gpu_sample)
 	snprintf(label, sizeof(label), "%d rows x 262144, 10 settings (ids differing)", n);
 	report("sample", label, (double) bad, 0);
 	printf("    device sampler, %d rows x 262,144: %.2f ms (one call, copies included)\n", n, secs * 1e3);
+	/* fewer rows: each split over more blocks (26 at 10 rows on 132 SMs;
+	 * 40 rows take 6) */
+	bad = sample_case(l, 10, vocab, params, np, 1500, suppress, 3, &secs);
+	report("sample", "10 rows x 262144, 10 settings (ids differing)", (double) bad, 0);
 
 	/* heavy ties: logits on a grid of 8 values, every filter cutting through them */
 	for (r = 0; r < n; r++)
@@ -1229,11 +1367,15 @@ G4_TEST(gpu_sample)
 
 			reseed(10);
 			fill_normal(big, (size_t) 64 * vocab, 3.0f);
-			sample_case(big, 1, vocab, &tp[k], 1, 5000, NULL, 0, &secs);
+			bad = sample_case(big, 1, vocab, &tp[k], 1, 5000, NULL, 0, &secs);
 			printf("    device sampler timing (T 1, top_p %g, top_k %d): 1 row %.3f ms", (double) tp[k].top_p,
 				   tp[k].top_k, secs * 1e3);
-			sample_case(big, 64, vocab, &tp[k], 1, 6000, NULL, 0, &secs);
+			bad += sample_case(big, 64, vocab, &tp[k], 1, 6000, NULL, 0, &secs);
 			printf(", 64 rows %.3f ms (copies included)\n", secs * 1e3);
+			/* one row: the widest split (64 blocks) */
+			snprintf(label, sizeof(label), "1 and 64 rows x 262144, top_p %g top_k %d (ids differing)",
+					 (double) tp[k].top_p, tp[k].top_k);
+			report("sample", label, (double) bad, 0);
 			free(big);
 		}
 	}
