@@ -693,13 +693,16 @@ sample_draw_kernel(const float *logits, int vocab, int split, int chunk, const g
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 argmax_kernel(const float *logits, int vocab, int32_t *ids)
 {
-	int			best;
+	const float *row = logits + (size_t) blockIdx.x * (size_t) vocab;
+	float		bv;
+	int			bi;
 
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
-	best = block_argmax(logits + (size_t) blockIdx.x * (size_t) vocab, vocab);
+	block_best(row, 0, vocab, &bv, &bi);
+	/* the host loop's argmax: a NaN first element is never replaced */
 	if (threadIdx.x == 0)
-		ids[blockIdx.x] = best;
+		ids[blockIdx.x] = (isnan(row[0]) || bi < 0) ? 0 : bi;
 }
 
 int
