@@ -24,11 +24,17 @@
  *        through shared memory, each warp owning a quarter of the output).
  *        Prefill, and decode of layers with many query heads per KV head.
  *
+ * Steps whose tiles hold several tokens (prefill chunks, verify steps) go to
+ * attention_prefill.cu: the tc kernel's numerics, FlashAttention-2 style.
+ *
  * Long ranges are split over blocks (flash-decoding): each writes its
  * partial (max, sum, unnormalised output) per row and attn_merge_kernel
  * combines them by log-sum-exp in split order, one block per row, so
  * results do not depend on timing.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "attention.cuh"
 
 /* ==== simt ======================================================================= */
@@ -337,32 +343,7 @@ attn_tc_kernel(attn_args a)
 
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
-	/* rows: token t0 + r / gq, query head g·gq + r % gq */
-	if (threadIdx.x == 0)
-	{
-		kr[0] = INT32_MAX;
-		kr[1] = INT32_MIN;
-	}
-	__syncthreads();
-	for (int r = threadIdx.x; r < G::R; r += blockDim.x)
-	{
-		int			tt = r / a.gq;
-		int			lo = 0,
-					hi = 0;
-
-		if (tt < ntok)
-		{
-			lo = a.lo[t0 + tt];
-			hi = a.hi[t0 + tt];
-			if (hi > lo)
-			{
-				atomicMin(&kr[0], lo);
-				atomicMax(&kr[1], hi);
-			}
-		}
-		rlo[r] = lo;
-		rhi[r] = hi;
-	}
+	tile_row_ranges(a, t0, ntok, G::R, rlo, rhi, kr);
 	if (KEQV)
 	{
 		for (int i = threadIdx.x; i < HD; i += blockDim.x)
@@ -371,53 +352,9 @@ attn_tc_kernel(attn_args a)
 			invf_s[i] = a.inv_freq[i];
 	}
 	/* queries as f16 (rotated first for turboquant) */
-	if (G::ROT)
-	{
-		float	   *stage = reinterpret_cast<float *>(sm + G::Q_BYTES);
-
-		for (int q = threadIdx.x; q < G::R * HD; q += blockDim.x)
-		{
-			int			r = q / HD,
-						d = q % HD;
-			int			tt = r / a.gq;
-
-			stage[q] = tt < ntok ? a.q[(size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD + d] : 0.0f;
-		}
-		__syncthreads();
-		hadamard_rows_smem(stage, G::R, HD, HD);
-		for (int q = threadIdx.x; q < G::R * HD / 2; q += blockDim.x)
-		{
-			int			r = q / (HD / 2),
-						d = 2 * (q % (HD / 2));
-
-			*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, d)) = g4c_pack_f16(stage[r * HD + d], stage[r * HD + d + 1]);
-		}
-	}
-	else
-	{
-		for (int q = threadIdx.x; q < G::R * HD / 2; q += blockDim.x)
-		{
-			int			r = q / (HD / 2),
-						d = 2 * (q % (HD / 2));
-			int			tt = r / a.gq;
-			float2		v = make_float2(0.0f, 0.0f);
-
-			if (tt < ntok)
-				v = *reinterpret_cast<const float2 *>(a.q + (size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD + d);
-			*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, d)) = g4c_pack_f16(v.x, v.y);
-		}
-	}
+	tile_queries_f16<HD>(a, t0, ntok, g, G::R, G::ROT, reinterpret_cast<float *>(sm + G::Q_BYTES), Qs);
 	__syncthreads();
-	{
-		int			kmin = kr[0],
-					kmax = kr[1];
-		int			span = kmax > kmin ? kmax - kmin : 0;
-		int			chunk = (span + a.S - 1) / a.S;
-
-		chunk = (chunk + 15) & ~15;
-		ks = kmin + split * chunk;
-		ke = min(kmax, ks + chunk);
-	}
+	split_range(kr[0], kr[1], a.S, split, 16, &ks, &ke);
 #pragma unroll
 	for (int i = 0; i < NT_O; i++)
 		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
@@ -604,14 +541,7 @@ attn_tc_kernel(attn_args a)
 			__syncthreads();
 		}
 		/* turboquant values were rotated: undo once per row */
-		hadamard_rows_smem(st, G::R, HD, HD);
-		for (int q = threadIdx.x; q < G::R * HD; q += blockDim.x)
-		{
-			float	   *dst = map.row(q / HD);
-
-			if (dst)
-				dst[q % HD] = st[q];
-		}
+		tile_store_rotated(st, G::R, HD, map);
 	}
 }
 
@@ -702,8 +632,6 @@ attn_merge_kernel(attn_args a, int rows, int chunks)
 }
 
 /* ==== dispatch ===================================================================== */
-
-typedef void (*attn_kernel_fn) (attn_args);
 
 template <int HD>
 static attn_kernel_fn
@@ -823,6 +751,31 @@ choose_splits(const g4_cuda *c, int base, int span, int per_sm)
 	return want < 1 ? 1 : want;
 }
 
+/* The prefill kernel (attention_prefill.cu) where it has the geometry and
+ * the step's tiles hold two tokens or more on average (prefill chunks,
+ * verify steps); NULL otherwise.  G4_ATTN=tc keeps the kernels below, so
+ * that benchmarks time both on the same shapes (RESULTS.md, issue 11). */
+static attn_kernel_fn
+prefill_kernel_for_step(const g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, int *rows, int *threads,
+						int *smem)
+{
+	static const char *force;
+	static int	force_read;
+	attn_kernel_fn fn;
+
+	if (!force_read)
+	{
+		force = getenv("G4_ATTN");	/* read once: this runs per layer */
+		force_read = 1;
+	}
+	if (force && strcmp(force, "tc") == 0)
+		return NULL;
+	fn = g4c_attention_prefill_kernel(L->head_dim, L->k_eq_v, dtype, gq, rows, threads, smem);
+	if (!fn || n < 2 * c->n_tiles[log2i(*rows / gq)])
+		return NULL;
+	return fn;
+}
+
 int
 g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride, int n, float *out)
 {
@@ -838,6 +791,10 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	int			tc_smem = 0;
 	int			span = c->span_bucket[L->group];
 	bool		use_tc;
+	attn_kernel_fn pf;
+	int			pf_rows = 0,
+				pf_threads = 0,
+				pf_smem = 0;
 
 	if (!c->kv_configured || L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads != 0)
 		return G4_ERR_INTERNAL;
@@ -859,7 +816,8 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	 * 136 with tensor cores there); sliding decode at 64 sequences took 492
 	 * µs per layer in float32, 332 on tensor cores */
 	use_tc = tc && (gq >= 8 || n >= 2 || !simt || gq > gqmax);
-	if (!use_tc && (!simt || gq > gqmax))
+	pf = prefill_kernel_for_step(c, L, kv->dtype, gq, n, &pf_rows, &pf_threads, &pf_smem);
+	if (!pf && !use_tc && (!simt || gq > gqmax))
 		return G4_ERR_UNSUPPORTED;
 
 	a.dtype = kv->dtype;
@@ -886,17 +844,18 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.status = c->d_status;
 	a.partial = NULL;
 	{
-		int			rows = use_tc ? 16 * rg : gq;
-		int			level = log2i(16 * rg / gq);
-		int			groups = (use_tc ? c->n_tiles[level] : n) * a.n_kv;
-		attn_kernel_fn fn = use_tc ? tc : simt;
-		int			smem = use_tc ? tc_smem :
+		bool		tiled = pf || use_tc;
+		int			rows = pf ? pf_rows : use_tc ? 16 * rg : gq;
+		int			level = log2i((pf ? pf_rows : 16 * rg) / gq);
+		int			groups = (tiled ? c->n_tiles[level] : n) * a.n_kv;
+		attn_kernel_fn fn = pf ? pf : use_tc ? tc : simt;
+		int			smem = pf ? pf_smem : use_tc ? tc_smem :
 			(((gq * hd + SIMT_WARPS * gq * (hd + 2)) * (int) sizeof(float) + 15) / 16 * 16 + 2 * (int) a.head_block_bytes);
 
-		a.tiles = use_tc ? c->d_tiles[level] : NULL;
+		a.tiles = tiled ? c->d_tiles[level] : NULL;
 		/* resident blocks per SM: 8 small float32 blocks, 4 decode tc blocks,
-		 * 1 prefill tc block of 512 threads */
-		a.S = choose_splits(c, groups, span, use_tc ? (rg == 1 ? 4 : 1) : 8);
+		 * 1 prefill tc block of 512 threads, 1 prefill-kernel block */
+		a.S = choose_splits(c, groups, span, pf ? 1 : use_tc ? (rg == 1 ? 4 : 1) : 8);
 		if (a.S > 1)
 		{
 			a.partial = (float *) g4c_scratch(c, (size_t) groups * a.S * rows * (hd + 2) * sizeof(float));
@@ -905,8 +864,9 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 		}
 		if (allow_smem(c, fn, smem) != G4_OK)
 			return c->err_code;
-		if (g4c_launch(c, use_tc ? "attention (tensor cores)" : "attention (float32)", fn, dim3(groups, a.S),
-					   dim3(use_tc ? 128 * rg : SIMT_WARPS * 32), (size_t) smem, a) != G4_OK)
+		if (g4c_launch(c, pf ? "attention (prefill)" : use_tc ? "attention (tensor cores)" : "attention (float32)", fn,
+					   dim3(groups, a.S), dim3(pf ? pf_threads : use_tc ? 128 * rg : SIMT_WARPS * 32), (size_t) smem,
+					   a) != G4_OK)
 			return c->err_code;
 		if (a.S > 1)
 		{
