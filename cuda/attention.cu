@@ -751,29 +751,34 @@ choose_splits(const g4_cuda *c, int base, int span, int per_sm)
 	return want < 1 ? 1 : want;
 }
 
-/* The prefill kernel (attention_prefill.cu) where it has the geometry and
- * the step's tiles hold two tokens or more on average (prefill chunks,
- * verify steps); NULL otherwise.  G4_ATTN=tc keeps the kernels below, so
- * that benchmarks time both on the same shapes (RESULTS.md, issue 11). */
-static attn_kernel_fn
-prefill_kernel_for_step(const g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, int *rows, int *threads,
-						int *smem)
+/* *fn = the prefill kernel (attention_prefill.cu) where it has the
+ * geometry, the device its shared memory, and the step's tiles hold two
+ * tokens or more on average (prefill chunks, verify steps); NULL otherwise.
+ * G4_ATTN=tc keeps the kernels below, so that benchmarks time both on the
+ * same shapes (RESULTS.md, issue 11). */
+static int
+prefill_kernel_for_step(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_kernel_fn *fn, int *rows,
+						int *threads, int *smem)
 {
 	static const char *force;
 	static int	force_read;
-	attn_kernel_fn fn;
+	static int	smem_max = -1;
+	attn_kernel_fn f;
 
+	*fn = NULL;
 	if (!force_read)
 	{
 		force = getenv("G4_ATTN");	/* read once: this runs per layer */
 		force_read = 1;
 	}
 	if (force && strcmp(force, "tc") == 0)
-		return NULL;
-	fn = g4c_attention_prefill_kernel(L->head_dim, L->k_eq_v, dtype, gq, rows, threads, smem);
-	if (!fn || n < 2 * c->n_tiles[log2i(*rows / gq)])
-		return NULL;
-	return fn;
+		return G4_OK;
+	if (smem_max < 0)
+		G4C_CHECK(c, cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
+	f = g4c_attention_prefill_kernel(L->head_dim, L->k_eq_v, dtype, gq, rows, threads, smem);
+	if (f && *smem <= smem_max && n >= 2 * c->n_tiles[log2i(*rows / gq)])
+		*fn = f;
+	return G4_OK;
 }
 
 int
@@ -816,7 +821,8 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	 * 136 with tensor cores there); sliding decode at 64 sequences took 492
 	 * µs per layer in float32, 332 on tensor cores */
 	use_tc = tc && (gq >= 8 || n >= 2 || !simt || gq > gqmax);
-	pf = prefill_kernel_for_step(c, L, kv->dtype, gq, n, &pf_rows, &pf_threads, &pf_smem);
+	if (prefill_kernel_for_step(c, L, kv->dtype, gq, n, &pf, &pf_rows, &pf_threads, &pf_smem) != G4_OK)
+		return c->err_code;
 	if (!pf && !use_tc && (!simt || gq > gqmax))
 		return G4_ERR_UNSUPPORTED;
 

@@ -29,13 +29,15 @@
 #define PF_DW 256				/* output dims per warp: 32 n8 tiles, 128 registers */
 
 /* Shared memory: Qs [R][HD] f16 | K, V tiles [2][K, V][KT][HD] f16 | raw
- * pool blocks [2][KT / 16][head block bytes] | row ranges [2][R].  Rotated
+ * pool blocks [2][KT / 16][head block bytes] | row ranges [2][R] | their
+ * union [2] (no static shared memory: smem() is the whole).  Rotated
  * queries and outputs pass through float rows over the K / V tiles, SR
  * rows at a time. */
 template <int HD, int NW>
 struct pf_geom
 {
-	static constexpr int KT = HD == 256 ? 32 : 16;	/* keys per tile */
+	/* keys per tile: 32, or 16 at head_dim 512 (K / V tiles of 64 KiB) */
+	static constexpr int KT = HD == 256 ? 32 : 16;
 	static constexpr int PB = KT / G4_KV_BLOCK_TOKENS;	/* pool blocks per tile */
 	static constexpr int DS = HD / PF_DW;	/* warps per 16 rows */
 	static constexpr int NTH = 32 * NW;
@@ -51,7 +53,7 @@ struct pf_geom
 	}
 	__host__ __device__ static int smem(int hbb)
 	{
-		return Q_BYTES + KV_BYTES + raw_bytes(hbb) + R * 8;
+		return Q_BYTES + KV_BYTES + raw_bytes(hbb) + R * 8 + 16;
 	}
 };
 
@@ -290,13 +292,13 @@ attn_prefill_kernel(attn_args a)
 	constexpr int QP = ROT ? G::R / G::SR : 1;	/* passes through the float rows */
 	constexpr int PR = G::R / QP;	/* rows per pass */
 	extern __shared__ __align__(16) unsigned char sm_raw[];
-	__shared__ int kr[2];
 	int			hbb_pad = ((int) a.head_block_bytes + 15) / 16 * 16;
 	unsigned char *Qs = sm_raw;
 	unsigned char *KV = sm_raw + G::Q_BYTES;	/* [buffer][K, V][tile] */
 	uint8_t    *raw = KV + G::KV_BYTES;	/* [buffer][block][bytes] */
 	int		   *rlo = reinterpret_cast<int *>(raw + G::raw_bytes((int) a.head_block_bytes));
 	int		   *rhi = rlo + G::R;
+	int		   *kr = rhi + G::R;
 	float	   *stage = reinterpret_cast<float *>(KV);
 	int			tile = blockIdx.x / a.n_kv;
 	int			g = blockIdx.x % a.n_kv;

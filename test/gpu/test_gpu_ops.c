@@ -1436,7 +1436,7 @@ shape_prefill(meta_buf *mb, int g, int window)
 }
 
 /* a long prefill chunk of slot 3 at positions 1503.. (not a multiple of 16:
- * every tile's keys start mid-block), enough tiles that no range is split */
+ * tiles' keys start and end mid-block) */
 static void
 shape_prefill_long(meta_buf *mb, int g, int window)
 {
@@ -1545,10 +1545,12 @@ attention_suite(int small, int exact16)
 			 * gq >= 8 or the step has 2 tokens or more, float32 otherwise;
 			 * the prefill kernel (same f16 inputs and float32 accumulation:
 			 * the same bound) for those head dims when the step's tiles
-			 * hold 2 tokens or more on average, as in the prefill shapes */
+			 * hold 2 tokens or more on average, as in the prefill shapes,
+			 * unless G4_ATTN=tc keeps the tc kernel there */
+			const char *force = getenv("G4_ATTN");
 			int			tc_one = !small && gq >= 8;
 			int			tc_many = !small;
-			int			pf = !small;
+			int			pf = !small && !(force && strcmp(force, "tc") == 0);
 			double		tc_bound = exact16 ? 2e-3 : 0.1;
 			const char *many_prefill = pf ? "attention(prefill)" : tc_many ? "attention(tc)" : "attention(f32)";
 
@@ -1559,8 +1561,12 @@ attention_suite(int small, int exact16)
 					  tc_many ? "attention(tc)" : "attention(f32)");
 			attn_case(&P, g, "prefill+decode", 98, shape_prefill, exact16, tc_many ? tc_bound : 2e-5, many_prefill);
 			attn_case(&P, g, "prefill short", 12, shape_prefill, exact16, tc_many ? tc_bound : 2e-5, many_prefill);
+			/* sliding: 1,100 tokens, enough 64-token tiles (17 × 8 KV
+			 * heads) that no range is split on 132 SMs; full: 600 (150
+			 * tiles of 4 tokens), to keep the CPU's reference short */
 			if (!small)
-				attn_case(&P, g, "prefill long at 1503", 1100, shape_prefill_long, exact16, tc_bound, many_prefill);
+				attn_case(&P, g, "prefill long at 1503", g == 0 ? 1100 : 600, shape_prefill_long, exact16, tc_bound,
+						  many_prefill);
 		}
 		pool_free(&P);
 	}
