@@ -24,6 +24,11 @@
  *        through shared memory, each warp owning a quarter of the output).
  *        Prefill, and decode of layers with many query heads per KV head.
  *
+ * Steps whose tiles hold several tokens (prefill chunks, verify steps) go to
+ * attention_prefill.cu: the tc kernel's numerics, FlashAttention-2 style;
+ * steps of one token per sequence on the turboquant pool to
+ * attention_decode.cu.  The choice: choose_kernel.
+ *
  * Long ranges are split over blocks (flash-decoding): each writes its
  * partial (max, sum, unnormalised output) per row and attn_merge_kernel
  * combines them by log-sum-exp in split order, one block per row, so
@@ -340,32 +345,7 @@ attn_tc_kernel(attn_args a)
 
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
-	/* rows: token t0 + r / gq, query head g·gq + r % gq */
-	if (threadIdx.x == 0)
-	{
-		kr[0] = INT32_MAX;
-		kr[1] = INT32_MIN;
-	}
-	__syncthreads();
-	for (int r = threadIdx.x; r < G::R; r += blockDim.x)
-	{
-		int			tt = r / a.gq;
-		int			lo = 0,
-					hi = 0;
-
-		if (tt < ntok)
-		{
-			lo = a.lo[t0 + tt];
-			hi = a.hi[t0 + tt];
-			if (hi > lo)
-			{
-				atomicMin(&kr[0], lo);
-				atomicMax(&kr[1], hi);
-			}
-		}
-		rlo[r] = lo;
-		rhi[r] = hi;
-	}
+	tile_row_ranges(a, t0, ntok, G::R, rlo, rhi, kr);
 	if (KEQV)
 	{
 		for (int i = threadIdx.x; i < HD; i += blockDim.x)
@@ -374,53 +354,9 @@ attn_tc_kernel(attn_args a)
 			invf_s[i] = a.inv_freq[i];
 	}
 	/* queries as f16 (rotated first for turboquant) */
-	if (G::ROT)
-	{
-		float	   *stage = reinterpret_cast<float *>(sm + G::Q_BYTES);
-
-		for (int q = threadIdx.x; q < G::R * HD; q += blockDim.x)
-		{
-			int			r = q / HD,
-						d = q % HD;
-			int			tt = r / a.gq;
-
-			stage[q] = tt < ntok ? a.q[(size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD + d] : 0.0f;
-		}
-		__syncthreads();
-		hadamard_rows_smem(stage, G::R, HD, HD);
-		for (int q = threadIdx.x; q < G::R * HD / 2; q += blockDim.x)
-		{
-			int			r = q / (HD / 2),
-						d = 2 * (q % (HD / 2));
-
-			*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, d)) = g4c_pack_f16(stage[r * HD + d], stage[r * HD + d + 1]);
-		}
-	}
-	else
-	{
-		for (int q = threadIdx.x; q < G::R * HD / 2; q += blockDim.x)
-		{
-			int			r = q / (HD / 2),
-						d = 2 * (q % (HD / 2));
-			int			tt = r / a.gq;
-			float2		v = make_float2(0.0f, 0.0f);
-
-			if (tt < ntok)
-				v = *reinterpret_cast<const float2 *>(a.q + (size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD + d);
-			*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, d)) = g4c_pack_f16(v.x, v.y);
-		}
-	}
+	tile_queries_f16<HD>(a, t0, ntok, g, G::R, G::ROT, reinterpret_cast<float *>(sm + G::Q_BYTES), Qs);
 	__syncthreads();
-	{
-		int			kmin = kr[0],
-					kmax = kr[1];
-		int			span = kmax > kmin ? kmax - kmin : 0;
-		int			chunk = (span + a.S - 1) / a.S;
-
-		chunk = (chunk + 15) & ~15;
-		ks = kmin + split * chunk;
-		ke = min(kmax, ks + chunk);
-	}
+	split_range(kr[0], kr[1], a.S, split, 16, &ks, &ke);
 #pragma unroll
 	for (int i = 0; i < NT_O; i++)
 		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
@@ -607,14 +543,7 @@ attn_tc_kernel(attn_args a)
 			__syncthreads();
 		}
 		/* turboquant values were rotated: undo once per row */
-		hadamard_rows_smem(st, G::R, HD, HD);
-		for (int q = threadIdx.x; q < G::R * HD; q += blockDim.x)
-		{
-			float	   *dst = map.row(q / HD);
-
-			if (dst)
-				dst[q % HD] = st[q];
-		}
+		tile_store_rotated(st, G::R, HD, map);
 	}
 }
 
@@ -843,6 +772,10 @@ typedef struct
  *    tokens are each a tile of their own (every sequence decodes one
  *    token).  G4_ATTN_DECODE=off turns it off, so benchmarks can time the
  *    kernels it replaces on the same shapes;
+ *  - prefill kernel (attention_prefill.cu): head_dim 256, and 512 with
+ *    k_eq_v, where the device holds its shared memory and the step's tiles
+ *    hold 2 tokens or more on average (prefill chunks, verify steps).
+ *    G4_ATTN=tc keeps the tensor-core kernel there;
  *  - tensor cores (64-row tiles when the step's tiles are mostly full,
  *    i.e. prefill; 16-row tiles otherwise) wherever they exist, except for
  *    a step of one token with few query heads per KV head, which the
@@ -851,21 +784,27 @@ typedef struct
  *  - float32 for the rest.
  */
 static int
-choose_kernel(const g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_choice *ch)
+choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_choice *ch)
 {
-	static const char *dec_env;
-	static int	dec_env_read;
+	static const char *dec_env,
+			   *tc_env;
+	static int	env_read;
+	static int	smem_max = -1;
 	int			hd = L->head_dim;
 	int			gqmax;
 	attn_kernel_fn simt = simt_kernel(hd, dtype, &gqmax);
 	int			rg = 1;
 	attn_kernel_fn tc = NULL;
 
-	if (!dec_env_read)
+	if (!env_read)
 	{
-		dec_env = getenv("G4_ATTN_DECODE");	/* read once: this runs per layer */
-		dec_env_read = 1;
+		/* read once: this runs per layer */
+		dec_env = getenv("G4_ATTN_DECODE");
+		tc_env = getenv("G4_ATTN");
+		env_read = 1;
 	}
+	if (smem_max < 0)
+		G4C_CHECK(c, cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
 	memset(ch, 0, sizeof(*ch));
 	ch->min_keys = ATTN_SPLIT_MIN_KEYS;
 	if (c->n_tiles[G4C_TPC_LEVELS - 1] == n && !(dec_env && strcmp(dec_env, "off") == 0))
@@ -881,6 +820,18 @@ choose_kernel(const g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, 
 			ch->min_keys = 4 * G4_KV_BLOCK_TOKENS;	/* a pool block for each warp */
 			return G4_OK;
 		}
+	}
+	if (!(tc_env && strcmp(tc_env, "tc") == 0))
+	{
+		ch->fn = g4c_attention_prefill_kernel(hd, L->k_eq_v, dtype, gq, &ch->rows, &ch->threads, &ch->smem);
+		if (ch->fn && ch->smem <= smem_max && n >= 2 * c->n_tiles[log2i(ch->rows / gq)])
+		{
+			ch->name = "attention (prefill)";
+			ch->level = log2i(ch->rows / gq);
+			ch->per_sm = 1;
+			return G4_OK;
+		}
+		ch->fn = NULL;
 	}
 	if (gq <= 16 && 16 % gq == 0 && 2 * n >= c->n_tiles[log2i(64 / gq)] * (64 / gq) && n >= 64)
 		rg = 4;
@@ -929,7 +880,7 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 		return G4_ERR_UNSUPPORTED;
 	gq = L->n_heads / L->n_kv_heads;
 	if (choose_kernel(c, L, kv->dtype, gq, n, &ch) != G4_OK)
-		return G4_ERR_UNSUPPORTED;
+		return c->err_code != G4_OK ? c->err_code : G4_ERR_UNSUPPORTED;
 
 	a.dtype = kv->dtype;
 	a.k_eq_v = L->k_eq_v;

@@ -46,6 +46,11 @@ struct attn_args
 	unsigned   *status;
 };
 
+typedef void (*attn_kernel_fn) (attn_args);
+
+/* attention_prefill.cu: its kernel for this geometry, or NULL */
+attn_kernel_fn g4c_attention_prefill_kernel(int hd, int k_eq_v, int dtype, int gq, int *rows, int *threads, int *smem);
+
 /* Head block of (slot, position) for KV head g, or NULL. */
 __device__ __forceinline__ const uint8_t *
 kv_head_block(const attn_args &a, int slot, int p, int g)
@@ -200,6 +205,113 @@ swz(int row, int d)
 	return row * HD * 2 + ((((d >> 3) ^ (row & 7))) << 4) + ((d & 7) << 1);
 }
 
+/* ==== tiles of query rows (tc and prefill kernels) ================================= */
+
+/* The key ranges of a tile's R rows into rlo / rhi (empty past its ntok
+ * tokens) and their union into kr[0..1] (INT32_MAX, INT32_MIN when empty).
+ * The caller synchronises before reading them. */
+static __device__ void
+tile_row_ranges(const attn_args &a, int t0, int ntok, int R, int *rlo, int *rhi, int *kr)
+{
+	if (threadIdx.x == 0)
+	{
+		kr[0] = INT32_MAX;
+		kr[1] = INT32_MIN;
+	}
+	__syncthreads();
+	for (int r = threadIdx.x; r < R; r += blockDim.x)
+	{
+		int			tt = r / a.gq;
+		int			lo = 0,
+					hi = 0;
+
+		if (tt < ntok)
+		{
+			lo = a.lo[t0 + tt];
+			hi = a.hi[t0 + tt];
+			if (hi > lo)
+			{
+				atomicMin(&kr[0], lo);
+				atomicMax(&kr[1], hi);
+			}
+		}
+		rlo[r] = lo;
+		rhi[r] = hi;
+	}
+}
+
+/* This split's keys [ks, ke) of the tile's [kmin, kmax): S chunks of a
+ * multiple of `align` keys. */
+__device__ __forceinline__ void
+split_range(int kmin, int kmax, int S, int split, int align, int *ks, int *ke)
+{
+	int			span = kmax > kmin ? kmax - kmin : 0;
+	int			chunk = (span + S - 1) / S;
+
+	chunk = (chunk + align - 1) / align * align;
+	*ks = kmin + split * chunk;
+	*ke = min(kmax, *ks + chunk);
+}
+
+/* The tile's R query rows (token t0 + r / gq, query head g·gq + r % gq) as
+ * f16 in Qs (swizzled), zeros past its tokens; rotated by the Hadamard
+ * transform first when rot, through `stage` (R·HD floats).  The caller
+ * synchronises before reading Qs. */
+template <int HD>
+static __device__ void
+tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, float *stage, unsigned char *Qs)
+{
+	if (rot)
+	{
+		for (int q = threadIdx.x; q < R * HD; q += blockDim.x)
+		{
+			int			r = q / HD,
+						d = q % HD;
+			int			tt = r / a.gq;
+
+			stage[q] = tt < ntok ? a.q[(size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD + d] : 0.0f;
+		}
+		__syncthreads();
+		hadamard_rows_smem(stage, R, HD, HD);
+		for (int q = threadIdx.x; q < R * HD / 2; q += blockDim.x)
+		{
+			int			r = q / (HD / 2),
+						d = 2 * (q % (HD / 2));
+
+			*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, d)) = g4c_pack_f16(stage[r * HD + d], stage[r * HD + d + 1]);
+		}
+	}
+	else
+	{
+		for (int q = threadIdx.x; q < R * HD / 2; q += blockDim.x)
+		{
+			int			r = q / (HD / 2),
+						d = 2 * (q % (HD / 2));
+			int			tt = r / a.gq;
+			float2		v = make_float2(0.0f, 0.0f);
+
+			if (tt < ntok)
+				v = *reinterpret_cast<const float2 *>(a.q + (size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD + d);
+			*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, d)) = g4c_pack_f16(v.x, v.y);
+		}
+	}
+}
+
+/* Rotated (turboquant) output rows, normalised in `st` (R rows of HD
+ * floats, written before a barrier): rotate back once and store. */
+static __device__ void
+tile_store_rotated(float *st, int R, int HD, const row_map &map)
+{
+	hadamard_rows_smem(st, R, HD, HD);
+	for (int q = threadIdx.x; q < R * HD; q += blockDim.x)
+	{
+		float	   *dst = map.row(q / HD);
+
+		if (dst)
+			dst[q % HD] = st[q];
+	}
+}
+
 /* sin and cos of a float32 angle: Cody-Waite reduction by 2π then the fast
  * intrinsic (|error| ~ 1e-6, below the f16 rounding of the keys) */
 __device__ __forceinline__ void
@@ -210,6 +322,31 @@ sincos_reduced(float angle, float *s, float *c)
 
 	r = fmaf(k, 1.7484555314695172e-7f, r);
 	__sincosf(r, s, c);
+}
+
+/* The keys at dims d and d + HD/2 of a k_eq_v layer at position p, from
+ * the stored (value) elements lo and hi: RoPE(v ⊙ k_norm) with inverse
+ * frequency f (0: the pair is not rotated). */
+__device__ __forceinline__ void
+keqv_key_pair(float lo, float hi, float kn_lo, float kn_hi, float f, int p, float *kx, float *ky)
+{
+	float		kl = lo * kn_lo;
+	float		kh = hi * kn_hi;
+
+	if (f != 0.0f)
+	{
+		float		s,
+					co;
+
+		sincos_reduced(__fmul_rn((float) p, f), &s, &co);
+		*kx = kl * co - kh * s;
+		*ky = kh * co + kl * s;
+	}
+	else
+	{
+		*kx = kl;
+		*ky = kh;
+	}
 }
 
 template <int HD, int DT, bool KEQV, int RG>
@@ -332,26 +469,10 @@ tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, K
 				{
 					float		lo = raw_elem<DT, G::EB>(raw.k[i], e, raw.ks);
 					float		hi = raw_elem<DT, G::EB>(raw.k[i] + 8 * G::EB, e, raw.ks);
-					float		kl = lo * knorm_s[d + e];
-					float		kh = hi * knorm_s[d + e + HD / 2];
-					float		f = invf_s[d + e];
 
 					vx[e] = lo;
 					vy[e] = hi;
-					if (f != 0.0f)
-					{
-						float		s,
-									co;
-
-						sincos_reduced(__fmul_rn((float) p, f), &s, &co);
-						kx[e] = kl * co - kh * s;
-						ky[e] = kh * co + kl * s;
-					}
-					else
-					{
-						kx[e] = kl;
-						ky[e] = kh;
-					}
+					keqv_key_pair(lo, hi, knorm_s[d + e], knorm_s[d + e + HD / 2], invf_s[d + e], p, &kx[e], &ky[e]);
 				}
 			}
 			else

@@ -1701,6 +1701,24 @@ shape_prefill(meta_buf *mb, int g, int window)
 	}
 }
 
+/* a long prefill chunk of slot 3 at positions 1503.. (not a multiple of 16:
+ * tiles' keys start and end mid-block) */
+static void
+shape_prefill_long(meta_buf *mb, int g, int window)
+{
+	int			i;
+
+	for (i = 0; i < mb->n; i++)
+	{
+		int			p = 1503 + i;
+
+		mb->slot[i] = 3;
+		mb->pos[i] = p;
+		mb->hi[g][i] = p + 1;
+		mb->lo[g][i] = g == 0 ? G4_MAX(0, p - window + 1) : 0;
+	}
+}
+
 static void
 attn_case(pool_t *P, int g, const char *shape_name, int n, void (*make) (meta_buf *, int, int), int exact16,
 		  double bound, const char *why)
@@ -1791,23 +1809,33 @@ attention_suite(int small, int exact16)
 			int			gq = P.heads / P.nkv[g];
 			/* which kernel runs (choose_kernel, attention.cu): the decode
 			 * kernel for turboquant head_dim 256 without k_eq_v when every
-			 * token is its own sequence's; tensor cores for head_dim 256/512
-			 * when gq >= 8 or the step has 2 tokens or more; float32
-			 * otherwise */
+			 * token is its own sequence's; the prefill kernel for head dims
+			 * 256/512 when the step's tiles hold 2 tokens or more on
+			 * average (same f16 inputs and float32 accumulation as tensor
+			 * cores: the same bound), unless G4_ATTN=tc keeps the tensor-core
+			 * kernel; tensor cores for those head dims when gq >= 8 or the
+			 * step has 2 tokens or more; float32 otherwise */
 			int			dec = !small && dtype == G4_KV_TURBOQUANT_K8V4 && !P.keqv[g] && P.hd[g] == 256;
+			const char *force = getenv("G4_ATTN");
 			int			tc_one = !small && gq >= 8;
 			int			tc_many = !small;
+			int			pf = !small && !(force && strcmp(force, "tc") == 0);
 			double		tc_bound = exact16 ? 2e-3 : 0.1;
+			const char *many_prefill = pf ? "attention(prefill)" : tc_many ? "attention(tc)" : "attention(f32)";
 
 			fill_context(&P, g, 0, len, exact16);
 			attn_case(&P, g, "decode", 1, shape_decode, exact16, dec || tc_one ? tc_bound : 2e-5,
 					  dec ? "attention(decode)" : tc_one ? "attention(tc)" : "attention(f32)");
 			attn_case(&P, g, "decode", 4, shape_decode, exact16, tc_many ? tc_bound : 2e-5,
 					  dec ? "attention(decode)" : tc_many ? "attention(tc)" : "attention(f32)");
-			attn_case(&P, g, "prefill+decode", 98, shape_prefill, exact16, tc_many ? tc_bound : 2e-5,
-					  tc_many ? "attention(tc)" : "attention(f32)");
-			attn_case(&P, g, "prefill short", 12, shape_prefill, exact16, tc_many ? tc_bound : 2e-5,
-					  tc_many ? "attention(tc)" : "attention(f32)");
+			attn_case(&P, g, "prefill+decode", 98, shape_prefill, exact16, tc_many ? tc_bound : 2e-5, many_prefill);
+			attn_case(&P, g, "prefill short", 12, shape_prefill, exact16, tc_many ? tc_bound : 2e-5, many_prefill);
+			/* sliding: 1,100 tokens, enough 64-token tiles (17 × 8 KV
+			 * heads) that no range is split on 132 SMs; full: 600 (150
+			 * tiles of 4 tokens), to keep the CPU's reference short */
+			if (!small)
+				attn_case(&P, g, "prefill long at 1503", g == 0 ? 1100 : 600, shape_prefill_long, exact16, tc_bound,
+						  many_prefill);
 		}
 		pool_free(&P);
 	}

@@ -1,0 +1,500 @@
+/*
+ * attention_prefill.cu — attention for tiles of several tokens of one
+ * sequence (prefill chunks, verify steps), FlashAttention-2 style on f16
+ * tensor cores (m16n8k16) with float32 softmax and accumulation: the tc
+ * kernel's numerics (attention.cu), organised for throughput.
+ *
+ * A block takes R query rows (consecutive tokens × the query heads of one
+ * KV head, as row_map) and walks its key range in tiles of KT keys:
+ *   - each group of 16 rows belongs to one warp per 256 output dims: the
+ *     warp computes S = Q·Kᵀ over the whole head_dim, the online softmax and
+ *     its part of O in registers, with no exchange between warps (head_dim
+ *     512: two warps share 16 rows and both compute their S, since 16 × 512
+ *     float32 outputs would not fit one warp's registers);
+ *   - a tile's raw pool bytes arrive by cp.async two tiles ahead and are
+ *     decoded once into f16 K / V tiles one tile ahead (double-buffered; K
+ *     rebuilt as RoPE(V ⊙ k_norm) on k_eq_v layers), so one barrier per tile
+ *     separates producing from consuming;
+ *   - turboquant queries are rotated by the Hadamard transform once and the
+ *     outputs rotated back once, as in the tc kernel.
+ * Long ranges may be split over blocks: partials in the tc kernel's format,
+ * combined by attn_merge_kernel.
+ *
+ * Head_dim 256 without k_eq_v (sliding layers) and 512 with it (full
+ * layers); the choice between kernels: choose_kernel in
+ * attention.cu.
+ */
+#include "attention.cuh"
+
+#define PF_DW 256				/* output dims per warp: 32 n8 tiles, 128 registers */
+
+/* Shared memory: Qs [R][HD] f16 | K, V tiles [2][K, V][KT][HD] f16 | raw
+ * pool blocks [2][KT / 16][head block bytes] | row ranges [2][R] | their
+ * union [2] (no static shared memory: smem() is the whole).  Rotated
+ * queries and outputs pass through float rows over the K / V tiles, SR
+ * rows at a time. */
+template <int HD, int NW>
+struct pf_geom
+{
+	/* keys per tile: 32, or 16 at head_dim 512 (K / V tiles of 64 KiB) */
+	static constexpr int KT = HD == 256 ? 32 : 16;
+	static constexpr int PB = KT / G4_KV_BLOCK_TOKENS;	/* pool blocks per tile */
+	static constexpr int DS = HD / PF_DW;	/* warps per 16 rows */
+	static constexpr int NTH = 32 * NW;
+	static constexpr int R = 16 * NW / DS;
+	static constexpr int Q_BYTES = R * HD * 2;
+	static constexpr int TILE_BYTES = KT * HD * 2;	/* K or V */
+	static constexpr int KV_BYTES = 2 * 2 * TILE_BYTES;
+	static constexpr int SR = KV_BYTES / (HD * 4) < R ? KV_BYTES / (HD * 4) : R;
+
+	__host__ __device__ static int raw_bytes(int hbb)
+	{
+		return 2 * PB * ((hbb + 15) / 16 * 16);
+	}
+	__host__ __device__ static int smem(int hbb)
+	{
+		return Q_BYTES + KV_BYTES + raw_bytes(hbb) + R * 8 + 16;
+	}
+};
+
+/* Start copying the raw pool blocks of key tile `kt` that meet [ks, ke)
+ * into `raw` (one cp.async group per thread); missing blocks are flagged in
+ * the status. */
+template <int HD, int NW>
+__device__ __forceinline__ void
+pf_stage_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, uint8_t *raw, int hbb_pad)
+{
+	using G = pf_geom<HD, NW>;
+	int			hbb = (int) a.head_block_bytes;
+
+#pragma unroll
+	for (int pb = 0; pb < G::PB; pb++)
+	{
+		int			p0 = (kt * G::PB + pb) * G4_KV_BLOCK_TOKENS;
+		const uint8_t *hb;
+
+		if (p0 >= ke || p0 + G4_KV_BLOCK_TOKENS <= ks)
+			continue;			/* outside the range: never read, may be freed */
+		hb = kv_head_block(a, slot, p0, g);
+		if (!hb)
+		{
+			if (threadIdx.x == 0)
+				atomicOr(a.status, G4C_STATUS_KV_MISSING);
+			continue;
+		}
+		for (int i = threadIdx.x; i < hbb / 16; i += G::NTH)
+			g4c_cp_async16(raw + pb * hbb_pad + i * 16, hb + i * 16, true);
+	}
+	g4c_cp_async_commit();
+}
+
+__device__ __forceinline__ void
+pf_put8(unsigned char *p, const float x[8])
+{
+	*reinterpret_cast<uint4 *>(p) =
+		make_uint4(g4c_pack_f16(x[0], x[1]), g4c_pack_f16(x[2], x[3]), g4c_pack_f16(x[4], x[5]), g4c_pack_f16(x[6], x[7]));
+}
+
+/* Decode key tile `kt` from its raw blocks into f16 K and V tiles
+ * (swizzled): warp w takes keys w, w + NW, ...; a lane 8 consecutive dims
+ * at a time (k_eq_v: dims d and d + HD/2 together, RoPE's pairs).  Keys
+ * outside [ks, ke) or in missing blocks become zeros (see tc_store_block:
+ * a masked probability of 0 times a NaN is still NaN). */
+template <int HD, int DT, bool KEQV, int NW>
+__device__ __forceinline__ void
+pf_decode_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, const uint8_t *raw, int hbb_pad,
+			   unsigned char *Kt, unsigned char *Vt)
+{
+	using G = pf_geom<HD, NW>;
+	constexpr int PIECES = KEQV ? HD / 16 : HD / 8;	/* per key */
+	int			lane = threadIdx.x & 31;
+	int			warp = threadIdx.x >> 5;
+
+#pragma unroll
+	for (int u = 0; u < G::KT / NW; u++)
+	{
+		int			j = warp + NW * u;
+		int			p = kt * G::KT + j;
+		const uint8_t *hb = raw + (j / G4_KV_BLOCK_TOKENS) * hbb_pad;
+		int			off = j % G4_KV_BLOCK_TOKENS;
+		bool		live = p >= ks && p < ke && kv_head_block(a, slot, p, g) != NULL;
+
+#pragma unroll
+		for (int c = 0; c < PIECES / 32; c++)
+		{
+			int			d = 8 * (lane + 32 * c);
+			float		kx[8],
+						vx[8];
+
+			if (!live)
+			{
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+					kx[e] = vx[e] = 0.0f;
+			}
+			if (KEQV)
+			{
+				float		ky[8],
+							vy[8];
+
+				if (live)
+				{
+					decode_elems<DT, 8>(hb, off, HD, d, true, true, vx);
+					decode_elems<DT, 8>(hb, off, HD, d + HD / 2, true, true, vy);
+#pragma unroll
+					for (int e = 0; e < 8; e++)
+						keqv_key_pair(vx[e], vy[e], __ldg(a.knorm + d + e), __ldg(a.knorm + d + e + HD / 2),
+									  __ldg(a.inv_freq + d + e), p, &kx[e], &ky[e]);
+				}
+				else
+				{
+#pragma unroll
+					for (int e = 0; e < 8; e++)
+						ky[e] = vy[e] = 0.0f;
+				}
+				pf_put8(Kt + swz<HD>(j, d + HD / 2), ky);
+				pf_put8(Vt + swz<HD>(j, d + HD / 2), vy);
+			}
+			else if (live)
+			{
+				decode_elems<DT, 8>(hb, off, HD, d, true, false, kx);
+				decode_elems<DT, 8>(hb, off, HD, d, false, false, vx);
+			}
+			pf_put8(Kt + swz<HD>(j, d), kx);
+			pf_put8(Vt + swz<HD>(j, d), vx);
+		}
+	}
+}
+
+/* Scores of a warp's 16 rows (Qw: their f16 rows) against the tile's KT
+ * keys: s[n][·] is the m16n8 accumulator of keys 8n .. 8n + 7. */
+template <int HD, int KT>
+__device__ __forceinline__ void
+pf_scores(const unsigned char *Qw, const unsigned char *Kt, float s[KT / 8][4])
+{
+	int			lane = threadIdx.x & 31;
+
+#pragma unroll
+	for (int n = 0; n < KT / 8; n++)
+		s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+	for (int k = 0; k < HD / 16; k++)
+	{
+		uint32_t	af[4];
+
+		g4c_ldmatrix_x4(af, Qw + swz<HD>(lane & 15, 16 * k + 8 * (lane >> 4)));
+#pragma unroll
+		for (int n = 0; n < KT / 16; n++)
+		{
+			uint32_t	bf[4];
+
+			g4c_ldmatrix_x4(bf, Kt + swz<HD>(16 * n + (lane & 7) + ((lane >> 4) << 3), 16 * k + 8 * ((lane >> 3) & 1)));
+			g4c_mma_f16(s[2 * n], af, bf[0], bf[1]);
+			g4c_mma_f16(s[2 * n + 1], af, bf[2], bf[3]);
+		}
+	}
+}
+
+/* Online softmax of one tile's scores (keys k0 ..): scale, mask each row
+ * to its keys [lo, hi) (rows gr and gr + 8 of the warp), update the running
+ * max m and sum l, rescale O, and leave the probabilities in s. */
+template <int KT>
+__device__ __forceinline__ void
+pf_softmax(float s[KT / 8][4], int k0, float scale, const int lo[2], const int hi[2], float m[2], float l[2],
+		   float o[PF_DW / 8][4])
+{
+	int			tq = threadIdx.x & 3;
+	float		corr[2];
+
+#pragma unroll
+	for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+		{
+			int			h = e >> 1;
+			int			kp = k0 + 8 * n + 2 * tq + (e & 1);
+
+			s[n][e] = (kp < lo[h] || kp >= hi[h]) ? -INFINITY : s[n][e] * scale;
+		}
+#pragma unroll
+	for (int h = 0; h < 2; h++)
+	{
+		float		mx = -INFINITY,
+					mnew,
+					sum = 0.0f;
+
+#pragma unroll
+		for (int n = 0; n < KT / 8; n++)
+			mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+		mnew = fmaxf(m[h], mx);
+		corr[h] = mnew == -INFINITY ? 1.0f : __expf(m[h] - mnew);
+		m[h] = mnew;
+#pragma unroll
+		for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+			for (int e = 2 * h; e < 2 * h + 2; e++)
+			{
+				s[n][e] = mnew == -INFINITY ? 0.0f : __expf(s[n][e] - mnew);
+				sum += s[n][e];
+			}
+		sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+		sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+		l[h] = l[h] * corr[h] + sum;
+	}
+#pragma unroll
+	for (int i = 0; i < PF_DW / 8; i++)
+	{
+		o[i][0] *= corr[0];
+		o[i][1] *= corr[0];
+		o[i][2] *= corr[1];
+		o[i][3] *= corr[1];
+	}
+}
+
+/* O += P·V over the tile's keys for the output dims d0 .. d0 + 255 (P as
+ * f16 A fragments, V by transposed ldmatrix). */
+template <int HD, int KT>
+__device__ __forceinline__ void
+pf_accumulate(const float s[KT / 8][4], const unsigned char *Vt, int d0, float o[PF_DW / 8][4])
+{
+	int			lane = threadIdx.x & 31;
+
+#pragma unroll
+	for (int k = 0; k < KT / 16; k++)
+	{
+		uint32_t	pf[4];
+
+		pf[0] = g4c_pack_f16(s[2 * k][0], s[2 * k][1]);
+		pf[1] = g4c_pack_f16(s[2 * k][2], s[2 * k][3]);
+		pf[2] = g4c_pack_f16(s[2 * k + 1][0], s[2 * k + 1][1]);
+		pf[3] = g4c_pack_f16(s[2 * k + 1][2], s[2 * k + 1][3]);
+#pragma unroll
+		for (int i = 0; i < PF_DW / 8; i += 2)
+		{
+			uint32_t	vf[4];
+
+			g4c_ldmatrix_x4_trans(vf, Vt + swz<HD>(16 * k + (lane & 7) + (((lane >> 3) & 1) << 3), d0 + 8 * i + 8 * (lane >> 4)));
+			g4c_mma_f16(o[i], pf, vf[0], vf[1]);
+			g4c_mma_f16(o[i + 1], pf, vf[2], vf[3]);
+		}
+	}
+}
+
+template <int HD, int DT, bool KEQV, int NW>
+__global__ void __launch_bounds__(32 * NW, 1)
+attn_prefill_kernel(attn_args a)
+{
+	using G = pf_geom<HD, NW>;
+	constexpr int KT = G::KT;
+	constexpr bool ROT = DT == G4_KV_TURBOQUANT_K8V4 && !KEQV;
+	constexpr int QP = ROT ? G::R / G::SR : 1;	/* passes through the float rows */
+	constexpr int PR = G::R / QP;	/* rows per pass */
+	extern __shared__ __align__(16) unsigned char sm_raw[];
+	int			hbb_pad = ((int) a.head_block_bytes + 15) / 16 * 16;
+	unsigned char *Qs = sm_raw;
+	unsigned char *KV = sm_raw + G::Q_BYTES;	/* [buffer][K, V][tile] */
+	uint8_t    *raw = KV + G::KV_BYTES;	/* [buffer][block][bytes] */
+	int		   *rlo = reinterpret_cast<int *>(raw + G::raw_bytes((int) a.head_block_bytes));
+	int		   *rhi = rlo + G::R;
+	int		   *kr = rhi + G::R;
+	float	   *stage = reinterpret_cast<float *>(KV);
+	int			tile = blockIdx.x / a.n_kv;
+	int			g = blockIdx.x % a.n_kv;
+	int			split = blockIdx.y;
+	int			t0 = a.tiles[tile];
+	int			ntok = a.tiles[tile + 1] - t0;
+	int			slot = a.slot[t0];
+	int			lane = threadIdx.x & 31;
+	int			warp = threadIdx.x >> 5;
+	int			rg = warp / G::DS;	/* rows 16·rg .. 16·rg + 15 */
+	int			d0 = PF_DW * (warp % G::DS);	/* and output dims d0 .. d0 + 255 */
+	int			gr = lane >> 2,
+				tq = lane & 3;
+	int			ks,
+				ke;
+	float		o[PF_DW / 8][4];
+	float		m[2] = {-INFINITY, -INFINITY},
+				l[2] = {0.0f, 0.0f};
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	tile_row_ranges(a, t0, ntok, G::R, rlo, rhi, kr);
+	__syncthreads();
+	split_range(kr[0], kr[1], a.S, split, KT, &ks, &ke);
+	/* the first two tiles' bytes travel while the queries are prepared */
+	if (ks < ke)
+	{
+		pf_stage_tile<HD, NW>(a, slot, g, ks / KT, ks, ke, raw, hbb_pad);
+		if ((ke - 1) / KT > ks / KT)
+			pf_stage_tile<HD, NW>(a, slot, g, ks / KT + 1, ks, ke, raw + G::PB * hbb_pad, hbb_pad);
+	}
+	for (int pass = 0; pass < QP; pass++)
+	{
+		int			tk = pass * PR / a.gq;	/* tokens before this pass's rows */
+
+		tile_queries_f16<HD>(a, t0 + tk, ntok - tk, g, PR, ROT, stage, Qs + swz<HD>(pass * PR, 0));
+		if (QP > 1)
+			__syncthreads();	/* the float rows are reused */
+	}
+#pragma unroll
+	for (int i = 0; i < PF_DW / 8; i++)
+		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+	if (ks < ke)
+	{
+		int			kt0 = ks / KT,
+					kt1 = (ke - 1) / KT;
+		int			lo[2],
+					hi[2],
+					wlo,
+					whi;
+		const unsigned char *Qw = Qs + swz<HD>(16 * rg, 0);
+
+		/* this warp's rows and their union, within the split */
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+		{
+			lo[h] = max(rlo[16 * rg + gr + 8 * h], ks);
+			hi[h] = min(rhi[16 * rg + gr + 8 * h], ke);
+		}
+		wlo = hi[0] > lo[0] ? lo[0] : INT32_MAX;
+		whi = hi[0] > lo[0] ? hi[0] : INT32_MIN;
+		if (hi[1] > lo[1])
+		{
+			wlo = min(wlo, lo[1]);
+			whi = max(whi, hi[1]);
+		}
+#pragma unroll
+		for (int x = 4; x < 32; x <<= 1)
+		{
+			wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, x));
+			whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, x));
+		}
+
+		if (kt1 > kt0)
+			g4c_cp_async_wait<1>();
+		else
+			g4c_cp_async_wait<0>();
+		__syncthreads();		/* Qs, and the first tile's raw bytes */
+		pf_decode_tile<HD, DT, KEQV, NW>(a, slot, g, kt0, ks, ke, raw, hbb_pad, KV, KV + G::TILE_BYTES);
+		for (int kt = kt0; kt <= kt1; kt++)
+		{
+			int			b = (kt - kt0) & 1;
+			unsigned char *Kt = KV + b * 2 * G::TILE_BYTES;
+			unsigned char *Kn = KV + (1 - b) * 2 * G::TILE_BYTES;
+
+			/* after this barrier: tile kt is decoded, tile kt + 1's bytes
+			 * have arrived, and every warp is done with tile kt - 1's K / V
+			 * and tile kt's raw bytes */
+			g4c_cp_async_wait<0>();
+			__syncthreads();
+			if (kt + 2 <= kt1)
+				pf_stage_tile<HD, NW>(a, slot, g, kt + 2, ks, ke, raw + b * G::PB * hbb_pad, hbb_pad);
+			if (kt + 1 <= kt1)
+				pf_decode_tile<HD, DT, KEQV, NW>(a, slot, g, kt + 1, ks, ke, raw + (1 - b) * G::PB * hbb_pad, hbb_pad,
+												 Kn, Kn + G::TILE_BYTES);
+			/* a warp whose rows see none of this tile's keys skips it */
+			if (kt * KT < whi && (kt + 1) * KT > wlo)
+			{
+				float		s[KT / 8][4];
+
+				pf_scores<HD, KT>(Qw, Kt, s);
+				pf_softmax<KT>(s, kt * KT, a.scale, lo, hi, m, l, o);
+				pf_accumulate<HD, KT>(s, Kt + G::TILE_BYTES, d0, o);
+			}
+		}
+	}
+
+	/* epilogue: rows 16·rg + gr (+8), dims d0 + 8i + 2tq (+1) */
+	if (a.S > 1)
+	{
+		float	   *part = a.partial + ((size_t) blockIdx.x * a.S + split) * G::R * (HD + 2);
+
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+		{
+			float	   *pr = part + (size_t) (16 * rg + gr + 8 * h) * (HD + 2);
+
+			if (d0 == 0 && tq == 0)
+			{
+				pr[0] = m[h];
+				pr[1] = l[h];
+			}
+#pragma unroll
+			for (int i = 0; i < PF_DW / 8; i++)
+				*reinterpret_cast<float2 *>(pr + 2 + d0 + 8 * i + 2 * tq) = make_float2(o[i][2 * h], o[i][2 * h + 1]);
+		}
+		return;					/* attn_merge_kernel finishes */
+	}
+	for (int pass = 0; pass < QP; pass++)
+	{
+		int			r0 = pass * PR;
+		row_map		map = {a.out, a.out_stride, t0 + r0 / a.gq, ntok - r0 / a.gq, a.gq, g, HD};
+
+		if (ROT)
+			__syncthreads();	/* the float rows lie over tiles still in use */
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+		{
+			int			r = 16 * rg + gr + 8 * h - r0;
+			float		inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+			float	   *dst;
+
+			if (r < 0 || r >= PR)
+				continue;
+			dst = ROT ? stage + (size_t) r * HD : map.row(r);
+			if (!dst)
+				continue;
+#pragma unroll
+			for (int i = 0; i < PF_DW / 8; i++)
+				*reinterpret_cast<float2 *>(dst + d0 + 8 * i + 2 * tq) = make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+		}
+		if (ROT)
+		{
+			__syncthreads();
+			/* turboquant values were rotated: undo once per row */
+			tile_store_rotated(stage, PR, HD, map);
+		}
+	}
+}
+
+template <int HD, bool KEQV, int NW>
+static attn_kernel_fn
+prefill_kernel_for(int dtype, int hbb, int *rows, int *threads, int *smem)
+{
+	*rows = pf_geom<HD, NW>::R;
+	*threads = pf_geom<HD, NW>::NTH;
+	*smem = pf_geom<HD, NW>::smem(hbb);
+	switch (dtype)
+	{
+		case G4_KV_F32:
+			return attn_prefill_kernel<HD, G4_KV_F32, KEQV, NW>;
+		case G4_KV_BF16:
+			return attn_prefill_kernel<HD, G4_KV_BF16, KEQV, NW>;
+		default:
+			return attn_prefill_kernel<HD, G4_KV_TURBOQUANT_K8V4, KEQV, NW>;
+	}
+}
+
+/* The kernel for this geometry, or NULL, with its query rows per block,
+ * threads and shared memory. */
+attn_kernel_fn
+g4c_attention_prefill_kernel(int hd, int k_eq_v, int dtype, int gq, int *rows, int *threads, int *smem)
+{
+	int			hbb = (int) g4_kv_head_block_bytes(dtype, hd, k_eq_v);
+
+	if (gq > 16 || 16 % gq != 0)
+		return NULL;
+	/* head_dim 256: 128 rows (8 warps) halve the decoding per row where the
+	 * shared memory holds them (not float32 pools: 224 KiB for 64 rows) and
+	 * a tile's tokens are at most 64 */
+	if (hd == 256 && !k_eq_v)
+		return dtype != G4_KV_F32 && gq >= 2 ? prefill_kernel_for<256, false, 8>(dtype, hbb, rows, threads, smem)
+			: prefill_kernel_for<256, false, 4>(dtype, hbb, rows, threads, smem);
+	/* head_dim 512: 64 rows, two warps each */
+	if (hd == 512 && k_eq_v)
+		return prefill_kernel_for<512, true, 8>(dtype, hbb, rows, threads, smem);
+	return NULL;
+}
