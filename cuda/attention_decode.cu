@@ -398,6 +398,17 @@ attn_decode_kernel(attn_args a)
 			continue;
 		}
 		dec_load<HD>(hb, gr, tq, r);
+		/* positions outside [lo, hi) may hold anything (never written, or
+		 * left by a finished sequence): a zero scale makes their values 0,
+		 * since a probability of 0 times a NaN value would still be NaN */
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+		{
+			int			pos = b * G4_KV_BLOCK_TOKENS + 2 * tq + (j & 1) + 8 * (j >> 1);
+
+			if (pos < lo || pos >= hi)
+				r.vs[j] = 0;
+		}
 		dec_scores<HD>(r, qf, s);
 		dec_softmax<HD>(r, s, b * G4_KV_BLOCK_TOKENS, lo, hi, a.scale, gr, st, p);
 		dec_transpose_p(p, gr, tq, pb);
