@@ -772,10 +772,13 @@ typedef struct
  *    tokens are each a tile of their own (every sequence decodes one
  *    token).  G4_ATTN_DECODE=off turns it off, so benchmarks can time the
  *    kernels it replaces on the same shapes;
- *  - prefill kernel (attention_prefill.cu): head_dim 256, and 512 with
- *    k_eq_v, where the device holds its shared memory and the step's tiles
- *    hold 2 tokens or more on average (prefill chunks, verify steps).
- *    G4_ATTN=tc keeps the tensor-core kernel there;
+ *  - prefill kernel (attention_prefill.cu): head_dim 256 without k_eq_v,
+ *    where the device holds its shared memory and the step has 64 tokens
+ *    or more in tiles a quarter full on average (prefill chunks: a 2k
+ *    chunk's sliding layers 33.5 -> 24.3 ms, run 31).  Not verify steps
+ *    (5 tokens in a 64-token tile: forced a = 3 drafting at batch 1 fell
+ *    from 2.14x to 1.62x of plain decode) nor full layers (11.1 -> 14.6 ms
+ *    there).  G4_ATTN=tc keeps the tensor-core kernel;
  *  - tensor cores (64-row tiles when the step's tiles are mostly full,
  *    i.e. prefill; 16-row tiles otherwise) wherever they exist, except for
  *    a step of one token with few query heads per KV head, which the
@@ -824,7 +827,9 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 	if (!(tc_env && strcmp(tc_env, "tc") == 0))
 	{
 		ch->fn = g4c_attention_prefill_kernel(hd, L->k_eq_v, dtype, gq, &ch->rows, &ch->threads, &ch->smem);
-		if (ch->fn && ch->smem <= smem_max && n >= 2 * c->n_tiles[log2i(ch->rows / gq)])
+		/* tiles at least a quarter full on average */
+		if (ch->fn && ch->smem <= smem_max && n >= 64 &&
+			4 * n >= c->n_tiles[log2i(ch->rows / gq)] * (ch->rows / gq))
 		{
 			ch->name = "attention (prefill)";
 			ch->level = log2i(ch->rows / gq);
