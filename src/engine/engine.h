@@ -101,10 +101,11 @@ typedef struct
 /* Decoding sequences above which drafting stops paying: the verify step's
  * k + 1 rows per sequence turn a bandwidth-bound decode into a
  * compute-bound one.  The engine's one stopping rule (and the default of
- * gemma4.speculative_max_batch); set from the largest batch at which
- * `test/gpu/run-gpu.sh crossover` measures a gain at the expected
- * acceptance on the 12B shape.  An estimate until then. */
-#define G4_SPEC_MAX_BATCH_DEFAULT 32
+ * gemma4.speculative_max_batch), from `test/gpu/run-gpu.sh crossover` on
+ * the 12B shape (test/bench/RESULTS.md, run 32): at the published ~1.4
+ * accepted drafts per step (between a = 1 and a = 2) drafting gains 1.1-1.6x
+ * at batch 1 and breaks even at 16 (0.82x / 1.22x), then loses. */
+#define G4_SPEC_MAX_BATCH_DEFAULT 16
 
 /* Fill with the defaults (the seed deployment's tunables). */
 void		g4_options_default(g4_options *o);

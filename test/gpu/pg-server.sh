@@ -37,7 +37,7 @@ asuser initdb -D "$data" -A trust -U postgres >/dev/null
 cat >> "$data/postgresql.conf" <<CONF
 listen_addresses = ''
 unix_socket_directories = '/tmp/pgsock'
-max_connections = 200
+max_connections = 300
 shared_preload_libraries = 'gemma4'
 gemma4.model_dir = '$model'
 gemma4.backend = 'cuda'
