@@ -772,9 +772,9 @@ typedef struct
  *    tokens are each a tile of their own (every sequence decodes one
  *    token).  G4_ATTN_DECODE=off turns it off, so benchmarks can time the
  *    kernels it replaces on the same shapes;
- *  - prefill kernel (attention_prefill.cu): head_dim 256, and 512 with
- *    k_eq_v, where the device holds its shared memory and the step's tiles
- *    hold 2 tokens or more on average (prefill chunks, verify steps).
+ *  - prefill kernel (attention_prefill.cu): head_dim 256 without k_eq_v,
+ *    where the device holds its shared memory and the step's tiles hold 2
+ *    tokens or more on average (prefill chunks, verify steps).
  *    G4_ATTN=tc keeps the tensor-core kernel there;
  *  - tensor cores (64-row tiles when the step's tiles are mostly full,
  *    i.e. prefill; 16-row tiles otherwise) wherever they exist, except for

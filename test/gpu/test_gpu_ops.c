@@ -1809,17 +1809,17 @@ attention_suite(int small, int exact16)
 			int			gq = P.heads / P.nkv[g];
 			/* which kernel runs (choose_kernel, attention.cu): the decode
 			 * kernel for turboquant head_dim 256 without k_eq_v when every
-			 * token is its own sequence's; the prefill kernel for head dims
-			 * 256/512 when the step's tiles hold 2 tokens or more on
-			 * average (same f16 inputs and float32 accumulation as tensor
+			 * token is its own sequence's; the prefill kernel for head_dim
+			 * 256 without k_eq_v when the step's tiles hold 2 tokens or more
+			 * on average (same f16 inputs and float32 accumulation as tensor
 			 * cores: the same bound), unless G4_ATTN=tc keeps the tensor-core
-			 * kernel; tensor cores for those head dims when gq >= 8 or the
+			 * kernel; tensor cores for head dims 256/512 when gq >= 8 or the
 			 * step has 2 tokens or more; float32 otherwise */
 			int			dec = !small && dtype == G4_KV_TURBOQUANT_K8V4 && !P.keqv[g] && P.hd[g] == 256;
 			const char *force = getenv("G4_ATTN");
 			int			tc_one = !small && gq >= 8;
 			int			tc_many = !small;
-			int			pf = !small && !(force && strcmp(force, "tc") == 0);
+			int			pf = !small && !P.keqv[g] && P.hd[g] == 256 && !(force && strcmp(force, "tc") == 0);
 			double		tc_bound = exact16 ? 2e-3 : 0.1;
 			const char *many_prefill = pf ? "attention(prefill)" : tc_many ? "attention(tc)" : "attention(f32)";
 
