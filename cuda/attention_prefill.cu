@@ -6,46 +6,42 @@
  *
  * A block takes R query rows (consecutive tokens × the query heads of one
  * KV head, as row_map) and walks its key range in tiles of KT keys:
- *   - each group of 16 rows belongs to one warp per 256 output dims: the
- *     warp computes S = Q·Kᵀ over the whole head_dim, the online softmax and
- *     its part of O in registers, with no exchange between warps (head_dim
- *     512: two warps share 16 rows and both compute their S, since 16 × 512
- *     float32 outputs would not fit one warp's registers);
+ *   - each group of 16 rows belongs to one warp: the warp computes
+ *     S = Q·Kᵀ over the whole head_dim, the online softmax and all of O in
+ *     registers, with no exchange between warps;
  *   - a tile's raw pool bytes arrive by cp.async two tiles ahead and are
- *     decoded once into f16 K / V tiles one tile ahead (double-buffered; K
- *     rebuilt as RoPE(V ⊙ k_norm) on k_eq_v layers), so one barrier per tile
- *     separates producing from consuming;
+ *     decoded once into f16 K / V tiles one tile ahead (double-buffered),
+ *     so one barrier per tile separates producing from consuming;
  *   - turboquant queries are rotated by the Hadamard transform once and the
  *     outputs rotated back once, as in the tc kernel.
  * Long ranges may be split over blocks: partials in the tc kernel's format,
  * combined by attn_merge_kernel.
  *
- * Head_dim 256 without k_eq_v (sliding layers) and 512 with it (full
- * layers); the choice between kernels: choose_kernel in
- * attention.cu.
+ * Head_dim 256 without k_eq_v only (the sliding layers): full layers
+ * (head_dim 512, k_eq_v) stay on the tensor-core kernel, which measured
+ * faster there (11.1 ms against 14.6 ms for a 2k chunk, run 31).  The
+ * choice between kernels: choose_kernel in attention.cu.
  */
 #include "attention.cuh"
 
-#define PF_DW 256				/* output dims per warp: 32 n8 tiles, 128 registers */
+#define PF_HD 256				/* head_dim; a warp's O: 32 n8 tiles, 128 registers */
 
-/* Shared memory: Qs [R][HD] f16 | K, V tiles [2][K, V][KT][HD] f16 | raw
+/* Shared memory: Qs [R][PF_HD] f16 | K, V tiles [2][K, V][KT][PF_HD] f16 | raw
  * pool blocks [2][KT / 16][head block bytes] | row ranges [2][R] | their
  * union [2] (no static shared memory: smem() is the whole).  Rotated
  * queries and outputs pass through float rows over the K / V tiles, SR
  * rows at a time. */
-template <int HD, int NW>
+template <int NW>
 struct pf_geom
 {
-	/* keys per tile: 32, or 16 at head_dim 512 (K / V tiles of 64 KiB) */
-	static constexpr int KT = HD == 256 ? 32 : 16;
+	static constexpr int KT = 32;	/* keys per tile */
 	static constexpr int PB = KT / G4_KV_BLOCK_TOKENS;	/* pool blocks per tile */
-	static constexpr int DS = HD / PF_DW;	/* warps per 16 rows */
 	static constexpr int NTH = 32 * NW;
-	static constexpr int R = 16 * NW / DS;
-	static constexpr int Q_BYTES = R * HD * 2;
-	static constexpr int TILE_BYTES = KT * HD * 2;	/* K or V */
+	static constexpr int R = 16 * NW;
+	static constexpr int Q_BYTES = R * PF_HD * 2;
+	static constexpr int TILE_BYTES = KT * PF_HD * 2;	/* K or V */
 	static constexpr int KV_BYTES = 2 * 2 * TILE_BYTES;
-	static constexpr int SR = KV_BYTES / (HD * 4) < R ? KV_BYTES / (HD * 4) : R;
+	static constexpr int SR = KV_BYTES / (PF_HD * 4) < R ? KV_BYTES / (PF_HD * 4) : R;
 
 	__host__ __device__ static int raw_bytes(int hbb)
 	{
@@ -60,11 +56,11 @@ struct pf_geom
 /* Start copying the raw pool blocks of key tile `kt` that meet [ks, ke)
  * into `raw` (one cp.async group per thread); missing blocks are flagged in
  * the status. */
-template <int HD, int NW>
+template <int NW>
 __device__ __forceinline__ void
 pf_stage_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, uint8_t *raw, int hbb_pad)
 {
-	using G = pf_geom<HD, NW>;
+	using G = pf_geom<NW>;
 	int			hbb = (int) a.head_block_bytes;
 
 #pragma unroll
@@ -97,19 +93,18 @@ pf_put8(unsigned char *p, const float x[8])
 
 /* Decode key tile `kt` from its raw blocks into f16 K and V tiles
  * (swizzled): warp w takes keys w, w + NW, ...; a lane 8 consecutive dims
- * at a time (k_eq_v: dims d and d + HD/2 together, RoPE's pairs).  Keys
- * outside [ks, ke) or in missing blocks become zeros (see tc_store_block:
- * a masked probability of 0 times a NaN is still NaN). */
-template <int HD, int DT, bool KEQV, int NW>
+ * of each.  Keys outside [ks, ke) or in missing blocks become zeros (see
+ * tc_store_block: a masked probability of 0 times a NaN is still NaN). */
+template <int DT, int NW>
 __device__ __forceinline__ void
 pf_decode_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, const uint8_t *raw, int hbb_pad,
 			   unsigned char *Kt, unsigned char *Vt)
 {
-	using G = pf_geom<HD, NW>;
-	constexpr int PIECES = KEQV ? HD / 16 : HD / 8;	/* per key */
+	using G = pf_geom<NW>;
 	int			lane = threadIdx.x & 31;
 	int			warp = threadIdx.x >> 5;
 
+	static_assert(32 * 8 == PF_HD, "a warp's lanes decode a key's dims, 8 each");
 #pragma unroll
 	for (int u = 0; u < G::KT / NW; u++)
 	{
@@ -118,57 +113,29 @@ pf_decode_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, cons
 		const uint8_t *hb = raw + (j / G4_KV_BLOCK_TOKENS) * hbb_pad;
 		int			off = j % G4_KV_BLOCK_TOKENS;
 		bool		live = p >= ks && p < ke && kv_head_block(a, slot, p, g) != NULL;
+		int			d = 8 * lane;
+		float		kx[8],
+					vx[8];
 
-#pragma unroll
-		for (int c = 0; c < PIECES / 32; c++)
+		if (!live)
 		{
-			int			d = 8 * (lane + 32 * c);
-			float		kx[8],
-						vx[8];
-
-			if (!live)
-			{
 #pragma unroll
-				for (int e = 0; e < 8; e++)
-					kx[e] = vx[e] = 0.0f;
-			}
-			if (KEQV)
-			{
-				float		ky[8],
-							vy[8];
-
-				if (live)
-				{
-					decode_elems<DT, 8>(hb, off, HD, d, true, true, vx);
-					decode_elems<DT, 8>(hb, off, HD, d + HD / 2, true, true, vy);
-#pragma unroll
-					for (int e = 0; e < 8; e++)
-						keqv_key_pair(vx[e], vy[e], __ldg(a.knorm + d + e), __ldg(a.knorm + d + e + HD / 2),
-									  __ldg(a.inv_freq + d + e), p, &kx[e], &ky[e]);
-				}
-				else
-				{
-#pragma unroll
-					for (int e = 0; e < 8; e++)
-						ky[e] = vy[e] = 0.0f;
-				}
-				pf_put8(Kt + swz<HD>(j, d + HD / 2), ky);
-				pf_put8(Vt + swz<HD>(j, d + HD / 2), vy);
-			}
-			else if (live)
-			{
-				decode_elems<DT, 8>(hb, off, HD, d, true, false, kx);
-				decode_elems<DT, 8>(hb, off, HD, d, false, false, vx);
-			}
-			pf_put8(Kt + swz<HD>(j, d), kx);
-			pf_put8(Vt + swz<HD>(j, d), vx);
+			for (int e = 0; e < 8; e++)
+				kx[e] = vx[e] = 0.0f;
 		}
+		else
+		{
+			decode_elems<DT, 8>(hb, off, PF_HD, d, true, false, kx);
+			decode_elems<DT, 8>(hb, off, PF_HD, d, false, false, vx);
+		}
+		pf_put8(Kt + swz<PF_HD>(j, d), kx);
+		pf_put8(Vt + swz<PF_HD>(j, d), vx);
 	}
 }
 
 /* Scores of a warp's 16 rows (Qw: their f16 rows) against the tile's KT
  * keys: s[n][·] is the m16n8 accumulator of keys 8n .. 8n + 7. */
-template <int HD, int KT>
+template <int KT>
 __device__ __forceinline__ void
 pf_scores(const unsigned char *Qw, const unsigned char *Kt, float s[KT / 8][4])
 {
@@ -178,17 +145,17 @@ pf_scores(const unsigned char *Qw, const unsigned char *Kt, float s[KT / 8][4])
 	for (int n = 0; n < KT / 8; n++)
 		s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-	for (int k = 0; k < HD / 16; k++)
+	for (int k = 0; k < PF_HD / 16; k++)
 	{
 		uint32_t	af[4];
 
-		g4c_ldmatrix_x4(af, Qw + swz<HD>(lane & 15, 16 * k + 8 * (lane >> 4)));
+		g4c_ldmatrix_x4(af, Qw + swz<PF_HD>(lane & 15, 16 * k + 8 * (lane >> 4)));
 #pragma unroll
 		for (int n = 0; n < KT / 16; n++)
 		{
 			uint32_t	bf[4];
 
-			g4c_ldmatrix_x4(bf, Kt + swz<HD>(16 * n + (lane & 7) + ((lane >> 4) << 3), 16 * k + 8 * ((lane >> 3) & 1)));
+			g4c_ldmatrix_x4(bf, Kt + swz<PF_HD>(16 * n + (lane & 7) + ((lane >> 4) << 3), 16 * k + 8 * ((lane >> 3) & 1)));
 			g4c_mma_f16(s[2 * n], af, bf[0], bf[1]);
 			g4c_mma_f16(s[2 * n + 1], af, bf[2], bf[3]);
 		}
@@ -201,7 +168,7 @@ pf_scores(const unsigned char *Qw, const unsigned char *Kt, float s[KT / 8][4])
 template <int KT>
 __device__ __forceinline__ void
 pf_softmax(float s[KT / 8][4], int k0, float scale, const int lo[2], const int hi[2], float m[2], float l[2],
-		   float o[PF_DW / 8][4])
+		   float o[PF_HD / 8][4])
 {
 	int			tq = threadIdx.x & 3;
 	float		corr[2];
@@ -244,7 +211,7 @@ pf_softmax(float s[KT / 8][4], int k0, float scale, const int lo[2], const int h
 		l[h] = l[h] * corr[h] + sum;
 	}
 #pragma unroll
-	for (int i = 0; i < PF_DW / 8; i++)
+	for (int i = 0; i < PF_HD / 8; i++)
 	{
 		o[i][0] *= corr[0];
 		o[i][1] *= corr[0];
@@ -253,11 +220,11 @@ pf_softmax(float s[KT / 8][4], int k0, float scale, const int lo[2], const int h
 	}
 }
 
-/* O += P·V over the tile's keys for the output dims d0 .. d0 + 255 (P as
- * f16 A fragments, V by transposed ldmatrix). */
-template <int HD, int KT>
+/* O += P·V over the tile's keys (P as f16 A fragments, V by transposed
+ * ldmatrix). */
+template <int KT>
 __device__ __forceinline__ void
-pf_accumulate(const float s[KT / 8][4], const unsigned char *Vt, int d0, float o[PF_DW / 8][4])
+pf_accumulate(const float s[KT / 8][4], const unsigned char *Vt, float o[PF_HD / 8][4])
 {
 	int			lane = threadIdx.x & 31;
 
@@ -271,24 +238,24 @@ pf_accumulate(const float s[KT / 8][4], const unsigned char *Vt, int d0, float o
 		pf[2] = g4c_pack_f16(s[2 * k + 1][0], s[2 * k + 1][1]);
 		pf[3] = g4c_pack_f16(s[2 * k + 1][2], s[2 * k + 1][3]);
 #pragma unroll
-		for (int i = 0; i < PF_DW / 8; i += 2)
+		for (int i = 0; i < PF_HD / 8; i += 2)
 		{
 			uint32_t	vf[4];
 
-			g4c_ldmatrix_x4_trans(vf, Vt + swz<HD>(16 * k + (lane & 7) + (((lane >> 3) & 1) << 3), d0 + 8 * i + 8 * (lane >> 4)));
+			g4c_ldmatrix_x4_trans(vf, Vt + swz<PF_HD>(16 * k + (lane & 7) + (((lane >> 3) & 1) << 3), 8 * i + 8 * (lane >> 4)));
 			g4c_mma_f16(o[i], pf, vf[0], vf[1]);
 			g4c_mma_f16(o[i + 1], pf, vf[2], vf[3]);
 		}
 	}
 }
 
-template <int HD, int DT, bool KEQV, int NW>
+template <int DT, int NW>
 __global__ void __launch_bounds__(32 * NW, 1)
 attn_prefill_kernel(attn_args a)
 {
-	using G = pf_geom<HD, NW>;
+	using G = pf_geom<NW>;
 	constexpr int KT = G::KT;
-	constexpr bool ROT = DT == G4_KV_TURBOQUANT_K8V4 && !KEQV;
+	constexpr bool ROT = DT == G4_KV_TURBOQUANT_K8V4;
 	constexpr int QP = ROT ? G::R / G::SR : 1;	/* passes through the float rows */
 	constexpr int PR = G::R / QP;	/* rows per pass */
 	extern __shared__ __align__(16) unsigned char sm_raw[];
@@ -308,13 +275,12 @@ attn_prefill_kernel(attn_args a)
 	int			slot = a.slot[t0];
 	int			lane = threadIdx.x & 31;
 	int			warp = threadIdx.x >> 5;
-	int			rg = warp / G::DS;	/* rows 16·rg .. 16·rg + 15 */
-	int			d0 = PF_DW * (warp % G::DS);	/* and output dims d0 .. d0 + 255 */
+	int			rg = warp;		/* rows 16·rg .. 16·rg + 15 */
 	int			gr = lane >> 2,
 				tq = lane & 3;
 	int			ks,
 				ke;
-	float		o[PF_DW / 8][4];
+	float		o[PF_HD / 8][4];
 	float		m[2] = {-INFINITY, -INFINITY},
 				l[2] = {0.0f, 0.0f};
 
@@ -326,20 +292,20 @@ attn_prefill_kernel(attn_args a)
 	/* the first two tiles' bytes travel while the queries are prepared */
 	if (ks < ke)
 	{
-		pf_stage_tile<HD, NW>(a, slot, g, ks / KT, ks, ke, raw, hbb_pad);
+		pf_stage_tile<NW>(a, slot, g, ks / KT, ks, ke, raw, hbb_pad);
 		if ((ke - 1) / KT > ks / KT)
-			pf_stage_tile<HD, NW>(a, slot, g, ks / KT + 1, ks, ke, raw + G::PB * hbb_pad, hbb_pad);
+			pf_stage_tile<NW>(a, slot, g, ks / KT + 1, ks, ke, raw + G::PB * hbb_pad, hbb_pad);
 	}
 	for (int pass = 0; pass < QP; pass++)
 	{
 		int			tk = pass * PR / a.gq;	/* tokens before this pass's rows */
 
-		tile_queries_f16<HD>(a, t0 + tk, ntok - tk, g, PR, ROT, stage, Qs + swz<HD>(pass * PR, 0));
+		tile_queries_f16<PF_HD>(a, t0 + tk, ntok - tk, g, PR, ROT, stage, Qs + swz<PF_HD>(pass * PR, 0));
 		if (QP > 1)
 			__syncthreads();	/* the float rows are reused */
 	}
 #pragma unroll
-	for (int i = 0; i < PF_DW / 8; i++)
+	for (int i = 0; i < PF_HD / 8; i++)
 		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
 	if (ks < ke)
@@ -350,7 +316,7 @@ attn_prefill_kernel(attn_args a)
 					hi[2],
 					wlo,
 					whi;
-		const unsigned char *Qw = Qs + swz<HD>(16 * rg, 0);
+		const unsigned char *Qw = Qs + swz<PF_HD>(16 * rg, 0);
 
 		/* this warp's rows and their union, within the split */
 #pragma unroll
@@ -378,7 +344,7 @@ attn_prefill_kernel(attn_args a)
 		else
 			g4c_cp_async_wait<0>();
 		__syncthreads();		/* Qs, and the first tile's raw bytes */
-		pf_decode_tile<HD, DT, KEQV, NW>(a, slot, g, kt0, ks, ke, raw, hbb_pad, KV, KV + G::TILE_BYTES);
+		pf_decode_tile<DT, NW>(a, slot, g, kt0, ks, ke, raw, hbb_pad, KV, KV + G::TILE_BYTES);
 		for (int kt = kt0; kt <= kt1; kt++)
 		{
 			int			b = (kt - kt0) & 1;
@@ -391,47 +357,47 @@ attn_prefill_kernel(attn_args a)
 			g4c_cp_async_wait<0>();
 			__syncthreads();
 			if (kt + 2 <= kt1)
-				pf_stage_tile<HD, NW>(a, slot, g, kt + 2, ks, ke, raw + b * G::PB * hbb_pad, hbb_pad);
+				pf_stage_tile<NW>(a, slot, g, kt + 2, ks, ke, raw + b * G::PB * hbb_pad, hbb_pad);
 			if (kt + 1 <= kt1)
-				pf_decode_tile<HD, DT, KEQV, NW>(a, slot, g, kt + 1, ks, ke, raw + (1 - b) * G::PB * hbb_pad, hbb_pad,
-												 Kn, Kn + G::TILE_BYTES);
+				pf_decode_tile<DT, NW>(a, slot, g, kt + 1, ks, ke, raw + (1 - b) * G::PB * hbb_pad, hbb_pad,
+									   Kn, Kn + G::TILE_BYTES);
 			/* a warp whose rows see none of this tile's keys skips it */
 			if (kt * KT < whi && (kt + 1) * KT > wlo)
 			{
 				float		s[KT / 8][4];
 
-				pf_scores<HD, KT>(Qw, Kt, s);
+				pf_scores<KT>(Qw, Kt, s);
 				pf_softmax<KT>(s, kt * KT, a.scale, lo, hi, m, l, o);
-				pf_accumulate<HD, KT>(s, Kt + G::TILE_BYTES, d0, o);
+				pf_accumulate<KT>(s, Kt + G::TILE_BYTES, o);
 			}
 		}
 	}
 
-	/* epilogue: rows 16·rg + gr (+8), dims d0 + 8i + 2tq (+1) */
+	/* epilogue: rows 16·rg + gr (+8), dims 8i + 2tq (+1) */
 	if (a.S > 1)
 	{
-		float	   *part = a.partial + ((size_t) blockIdx.x * a.S + split) * G::R * (HD + 2);
+		float	   *part = a.partial + ((size_t) blockIdx.x * a.S + split) * G::R * (PF_HD + 2);
 
 #pragma unroll
 		for (int h = 0; h < 2; h++)
 		{
-			float	   *pr = part + (size_t) (16 * rg + gr + 8 * h) * (HD + 2);
+			float	   *pr = part + (size_t) (16 * rg + gr + 8 * h) * (PF_HD + 2);
 
-			if (d0 == 0 && tq == 0)
+			if (tq == 0)
 			{
 				pr[0] = m[h];
 				pr[1] = l[h];
 			}
 #pragma unroll
-			for (int i = 0; i < PF_DW / 8; i++)
-				*reinterpret_cast<float2 *>(pr + 2 + d0 + 8 * i + 2 * tq) = make_float2(o[i][2 * h], o[i][2 * h + 1]);
+			for (int i = 0; i < PF_HD / 8; i++)
+				*reinterpret_cast<float2 *>(pr + 2 + 8 * i + 2 * tq) = make_float2(o[i][2 * h], o[i][2 * h + 1]);
 		}
 		return;					/* attn_merge_kernel finishes */
 	}
 	for (int pass = 0; pass < QP; pass++)
 	{
 		int			r0 = pass * PR;
-		row_map		map = {a.out, a.out_stride, t0 + r0 / a.gq, ntok - r0 / a.gq, a.gq, g, HD};
+		row_map		map = {a.out, a.out_stride, t0 + r0 / a.gq, ntok - r0 / a.gq, a.gq, g, PF_HD};
 
 		if (ROT)
 			__syncthreads();	/* the float rows lie over tiles still in use */
@@ -444,56 +410,52 @@ attn_prefill_kernel(attn_args a)
 
 			if (r < 0 || r >= PR)
 				continue;
-			dst = ROT ? stage + (size_t) r * HD : map.row(r);
+			dst = ROT ? stage + (size_t) r * PF_HD : map.row(r);
 			if (!dst)
 				continue;
 #pragma unroll
-			for (int i = 0; i < PF_DW / 8; i++)
-				*reinterpret_cast<float2 *>(dst + d0 + 8 * i + 2 * tq) = make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+			for (int i = 0; i < PF_HD / 8; i++)
+				*reinterpret_cast<float2 *>(dst + 8 * i + 2 * tq) = make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
 		}
 		if (ROT)
 		{
 			__syncthreads();
 			/* turboquant values were rotated: undo once per row */
-			tile_store_rotated(stage, PR, HD, map);
+			tile_store_rotated(stage, PR, PF_HD, map);
 		}
 	}
 }
 
-template <int HD, bool KEQV, int NW>
+template <int NW>
 static attn_kernel_fn
 prefill_kernel_for(int dtype, int hbb, int *rows, int *threads, int *smem)
 {
-	*rows = pf_geom<HD, NW>::R;
-	*threads = pf_geom<HD, NW>::NTH;
-	*smem = pf_geom<HD, NW>::smem(hbb);
+	*rows = pf_geom<NW>::R;
+	*threads = pf_geom<NW>::NTH;
+	*smem = pf_geom<NW>::smem(hbb);
 	switch (dtype)
 	{
 		case G4_KV_F32:
-			return attn_prefill_kernel<HD, G4_KV_F32, KEQV, NW>;
+			return attn_prefill_kernel<G4_KV_F32, NW>;
 		case G4_KV_BF16:
-			return attn_prefill_kernel<HD, G4_KV_BF16, KEQV, NW>;
+			return attn_prefill_kernel<G4_KV_BF16, NW>;
 		default:
-			return attn_prefill_kernel<HD, G4_KV_TURBOQUANT_K8V4, KEQV, NW>;
+			return attn_prefill_kernel<G4_KV_TURBOQUANT_K8V4, NW>;
 	}
 }
 
-/* The kernel for this geometry, or NULL, with its query rows per block,
- * threads and shared memory. */
+/* The kernel for this geometry, or NULL (head_dim other than 256, k_eq_v
+ * layers), with its query rows per block, threads and shared memory. */
 attn_kernel_fn
 g4c_attention_prefill_kernel(int hd, int k_eq_v, int dtype, int gq, int *rows, int *threads, int *smem)
 {
 	int			hbb = (int) g4_kv_head_block_bytes(dtype, hd, k_eq_v);
 
-	if (gq > 16 || 16 % gq != 0)
+	if (hd != PF_HD || k_eq_v || gq > 16 || 16 % gq != 0)
 		return NULL;
-	/* head_dim 256: 128 rows (8 warps) halve the decoding per row where the
-	 * shared memory holds them (not float32 pools: 224 KiB for 64 rows) and
-	 * a tile's tokens are at most 64 */
-	if (hd == 256 && !k_eq_v)
-		return dtype != G4_KV_F32 && gq >= 2 ? prefill_kernel_for<256, false, 8>(dtype, hbb, rows, threads, smem)
-			: prefill_kernel_for<256, false, 4>(dtype, hbb, rows, threads, smem);
-	/* head_dim 512 with k_eq_v (full layers) stays on the tensor-core
-	 * kernel: 14.6 ms against 11.1 for a 2k chunk's full layers (run 31) */
-	return NULL;
+	/* 128 rows (8 warps) halve the decoding per row where the shared memory
+	 * holds them (not float32 pools: 224 KiB for 64 rows) and a tile's
+	 * tokens are at most 64 */
+	return dtype != G4_KV_F32 && gq >= 2 ? prefill_kernel_for<8>(dtype, hbb, rows, threads, smem)
+		: prefill_kernel_for<4>(dtype, hbb, rows, threads, smem);
 }
