@@ -260,42 +260,8 @@ attn_simt_kernel(attn_args a)
 		}
 	}
 	__syncthreads();
-	for (int q = threadIdx.x; q < gq * HD; q += blockDim.x)
-	{
-		int			h = q / HD,
-					d = q % HD;
-		float		mm = -INFINITY,
-					ll = 0.0f,
-					aa = 0.0f;
-
-		for (int w = 0; w < SIMT_WARPS; w++)
-			mm = fmaxf(mm, ms[((size_t) w * gq + h) * (HD + 2)]);
-		for (int w = 0; w < SIMT_WARPS; w++)
-		{
-			const float *src = ms + ((size_t) w * gq + h) * (HD + 2);
-			float		wt;
-
-			if (src[0] == -INFINITY)
-				continue;
-			wt = expf(src[0] - mm);
-			ll += src[1] * wt;
-			aa += src[2 + d] * wt;
-		}
-		/* qs is free now: it receives this block's normalised rows */
-		if (a.S == 1)
-			qs[q] = aa * (ll > 0.0f ? 1.0f / ll : 0.0f);
-		else
-		{
-			float	   *pp = a.partial + (((size_t) blockIdx.x * a.S + split) * gq + h) * (HD + 2);
-
-			if (d == 0)
-			{
-				pp[0] = mm;
-				pp[1] = ll;
-			}
-			pp[2 + d] = aa;
-		}
-	}
+	/* qs is free now: it receives this block's normalised rows */
+	attn_merge_warps(a, ms, qs, split, SIMT_WARPS, HD);
 	if (a.S > 1)
 		return;					/* attn_merge_kernel finishes */
 	__syncthreads();

@@ -194,6 +194,53 @@ struct row_map
 	}
 };
 
+/* The states of a block's `warps` warps, each [gq rows][m, l, HD outputs] in
+ * ws, combined by log-sum-exp (whole block): the normalised rows into qs
+ * when the range is not split, else this split's partial for
+ * attn_merge_kernel.  Used by the float32 and decode kernels, whose warps
+ * each walk their own keys. */
+static __device__ void
+attn_merge_warps(const attn_args &a, const float *ws, float *qs, int split, int warps, int HD)
+{
+	int			gq = a.gq;
+
+	for (int q = threadIdx.x; q < gq * HD; q += blockDim.x)
+	{
+		int			h = q / HD,
+					d = q % HD;
+		float		mm = -INFINITY,
+					ll = 0.0f,
+					aa = 0.0f;
+
+		for (int w = 0; w < warps; w++)
+			mm = fmaxf(mm, ws[((size_t) w * gq + h) * (HD + 2)]);
+		for (int w = 0; w < warps; w++)
+		{
+			const float *st = ws + ((size_t) w * gq + h) * (HD + 2);
+			float		wt;
+
+			if (st[0] == -INFINITY)
+				continue;
+			wt = expf(st[0] - mm);
+			ll += st[1] * wt;
+			aa += st[2 + d] * wt;
+		}
+		if (a.S == 1)
+			qs[q] = aa * (ll > 0.0f ? 1.0f / ll : 0.0f);
+		else
+		{
+			float	   *pp = a.partial + (((size_t) blockIdx.x * a.S + split) * gq + h) * (HD + 2);
+
+			if (d == 0)
+			{
+				pp[0] = mm;
+				pp[1] = ll;
+			}
+			pp[2 + d] = aa;
+		}
+	}
+}
+
 /* ==== tensor-core tiles ============================================================ */
 
 /* Byte offset of element (row, d) of a 16-bit [rows][HD] tile whose 16-byte

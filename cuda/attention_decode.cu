@@ -289,51 +289,6 @@ dec_store_state(const dec_state<HD> &st, float *ws, int warp, int gq, int gr, in
 	}
 }
 
-/* The four warps' states combined (whole block): the normalised rows into
- * qs when the range is not split, else this split's partial. */
-template <int HD>
-__device__ __forceinline__ void
-dec_merge_warps(const attn_args &a, const float *ws, float *qs, int split)
-{
-	int			gq = a.gq;
-
-	for (int q = threadIdx.x; q < gq * HD; q += blockDim.x)
-	{
-		int			h = q / HD,
-					d = q % HD;
-		float		mm = -INFINITY,
-					ll = 0.0f,
-					aa = 0.0f;
-
-		for (int w = 0; w < DEC_WARPS; w++)
-			mm = fmaxf(mm, ws[((size_t) w * gq + h) * (HD + 2)]);
-		for (int w = 0; w < DEC_WARPS; w++)
-		{
-			const float *st = ws + ((size_t) w * gq + h) * (HD + 2);
-			float		wt;
-
-			if (st[0] == -INFINITY)
-				continue;
-			wt = __expf(st[0] - mm);
-			ll += st[1] * wt;
-			aa += st[2 + d] * wt;
-		}
-		if (a.S == 1)
-			qs[q] = aa * (ll > 0.0f ? 1.0f / ll : 0.0f);
-		else
-		{
-			float	   *pp = a.partial + (((size_t) blockIdx.x * a.S + split) * gq + h) * (HD + 2);
-
-			if (d == 0)
-			{
-				pp[0] = mm;
-				pp[1] = ll;
-			}
-			pp[2 + d] = aa;
-		}
-	}
-}
-
 template <int HD>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
 attn_decode_kernel(attn_args a)
@@ -417,7 +372,7 @@ attn_decode_kernel(attn_args a)
 
 	dec_store_state<HD>(st, ws, warp, gq, gr, tq);
 	__syncthreads();
-	dec_merge_warps<HD>(a, ws, qs, split);
+	attn_merge_warps(a, ws, qs, split, DEC_WARPS, HD);
 	if (a.S > 1)
 		return;					/* attn_merge_kernel finishes */
 	__syncthreads();
