@@ -261,14 +261,7 @@ attn_simt_kernel(attn_args a)
 	}
 	__syncthreads();
 	/* qs is free now: it receives this block's normalised rows */
-	attn_merge_warps(a, ms, qs, split, SIMT_WARPS, HD);
-	if (a.S > 1)
-		return;					/* attn_merge_kernel finishes */
-	__syncthreads();
-	if (a.rotated)
-		hadamard_rows_smem(qs, gq, HD, HD);
-	for (int q = threadIdx.x; q < gq * HD; q += blockDim.x)
-		a.out[(size_t) t * a.out_stride + (size_t) g * gq * HD + q] = qs[q];
+	attn_finish_token(a, ms, qs, split, SIMT_WARPS, HD, t, g);
 }
 
 /* ==== tc ========================================================================= */

@@ -194,13 +194,14 @@ struct row_map
 	}
 };
 
-/* The states of a block's `warps` warps, each [gq rows][m, l, HD outputs] in
- * ws, combined by log-sum-exp (whole block): the normalised rows into qs
- * when the range is not split, else this split's partial for
- * attn_merge_kernel.  Used by the float32 and decode kernels, whose warps
- * each walk their own keys. */
+/* The end of a kernel whose `warps` warps each walked their own keys for
+ * one token t and KV head g: their states, [gq rows][m, l, HD outputs] in
+ * ws, combined by log-sum-exp (whole block); this split's partial for
+ * attn_merge_kernel when the range is split, else the normalised rows
+ * (through qs, rotated back on turboquant pools) into the output.  Used by
+ * the float32 and decode kernels. */
 static __device__ void
-attn_merge_warps(const attn_args &a, const float *ws, float *qs, int split, int warps, int HD)
+attn_finish_token(const attn_args &a, const float *ws, float *qs, int split, int warps, int HD, int t, int g)
 {
 	int			gq = a.gq;
 
@@ -239,6 +240,13 @@ attn_merge_warps(const attn_args &a, const float *ws, float *qs, int split, int 
 			pp[2 + d] = aa;
 		}
 	}
+	if (a.S > 1)
+		return;					/* attn_merge_kernel finishes */
+	__syncthreads();
+	if (a.rotated)
+		hadamard_rows_smem(qs, gq, HD, HD);
+	for (int q = threadIdx.x; q < gq * HD; q += blockDim.x)
+		a.out[(size_t) t * a.out_stride + (size_t) g * gq * HD + q] = qs[q];
 }
 
 /* ==== tensor-core tiles ============================================================ */

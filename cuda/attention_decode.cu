@@ -372,14 +372,7 @@ attn_decode_kernel(attn_args a)
 
 	dec_store_state<HD>(st, ws, warp, gq, gr, tq);
 	__syncthreads();
-	attn_merge_warps(a, ws, qs, split, DEC_WARPS, HD);
-	if (a.S > 1)
-		return;					/* attn_merge_kernel finishes */
-	__syncthreads();
-	if (a.rotated)
-		hadamard_rows_smem(qs, gq, HD, HD);
-	for (int q = threadIdx.x; q < gq * HD; q += blockDim.x)
-		a.out[(size_t) t * a.out_stride + (size_t) g * gq * HD + q] = qs[q];
+	attn_finish_token(a, ws, qs, split, DEC_WARPS, HD, t, g);
 }
 
 attn_kernel_fn
