@@ -213,6 +213,17 @@ cu_destroy(g4_backend *be)
 	free(c);
 }
 
+static size_t
+cu_held_bytes(g4_backend *be)
+{
+	g4_cuda    *c = g4c_of(be);
+
+	return c->scratch_bytes + c->counters_n * sizeof(unsigned) + c->meta_ints * sizeof(int32_t) +
+		g4c_lt_held_bytes(c) + (size_t) c->cap_ids * sizeof(int32_t) +
+		(size_t) c->cap_rows * sizeof(g4_row_sampling) + (size_t) c->cap_suppress * sizeof(int32_t) +
+		(size_t) c->cap_sample_work;
+}
+
 static void
 cu_device_info(g4_backend *be, char *name, size_t name_len, size_t *free_bytes, size_t *total_bytes)
 {
@@ -787,6 +798,7 @@ static const g4_backend_ops cuda_ops = {
 	.name = "cuda",
 	.destroy = cu_destroy,
 	.device_info = cu_device_info,
+	.held_bytes = cu_held_bytes,
 	.alloc = cu_alloc,
 	.free = cu_free,
 	.upload = cu_upload,

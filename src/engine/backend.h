@@ -133,6 +133,10 @@ typedef struct
 	/* Device name and memory; total 0 means "host memory". */
 	void		(*device_info) (g4_backend *be, char *name, size_t name_len,
 								size_t *free_bytes, size_t *total_bytes);
+	/* Device memory the backend holds for its own use now (scratch, library
+	 * workspaces, dequantised weight copies, staging), beside what alloc
+	 * handed out; optional (NULL: none). */
+	size_t		(*held_bytes) (g4_backend *be);
 
 	/* ---- memory ---- */
 	void	   *(*alloc) (g4_backend *be, size_t bytes);	/* NULL when exhausted */

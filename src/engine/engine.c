@@ -735,7 +735,7 @@ g4_stats_get(const g4_engine *e, g4_stats *st)
 	}
 	st->kv_bytes_total = e->kv.bytes_total;
 	st->weight_bytes = e->model->weight_bytes;
-	st->workspace_bytes = e->ws.bytes;
+	st->workspace_bytes = e->ws.bytes + (e->be->ops->held_bytes ? e->be->ops->held_bytes(e->be) : 0);
 	st->live_seqs = 0;
 	st->waiting_seqs = 0;
 	for (i = 0; i < e->n_seqs; i++)
