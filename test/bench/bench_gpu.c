@@ -6,6 +6,7 @@
  * device argmax).
  *
  *   bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq]
+ *             [--ops-n 1,64,2048] [--matmul-n 17,32,...]
  *
  * decode    B sequences (1, 16, 64) at contexts 2k / 32k: tokens/s and the
  *           bytes one step must read (weights + each sequence's visible KV)
@@ -15,10 +16,12 @@
  * prefill   one prompt of 2k / 32k tokens in chunks of 16384: tokens/s and
  *           time to the first token.
  * ops       each operation of a decode step (n = 1 and 64) and of a 2k
- *           prefill chunk, timed alone: the per-kernel breakdown.
+ *           prefill chunk, timed alone: the per-kernel breakdown (--ops-n:
+ *           other step sizes; up to 64 are decode steps at 2k, beyond one
+ *           prefill chunk).
  * matmul    the int4 matmuls of a sliding layer at 17 to 2,048 rows through
  *           each int4 path above the GEMV (G4_MATMUL_I4=gemm / lt): where
- *           g4c_matmul_i4's threshold lies.
+ *           g4c_matmul_i4's threshold lies (--matmul-n: other row counts).
  * capacity  for bf16 and turboquant_k8v4: how many 262,144-token sequences
  *           the pool's accounting says fit next to the weights at 95 % of
  *           device memory, then that many reserved at full length and
@@ -514,9 +517,8 @@ breakdown(int n, int ctx)
 /* ---- int4 matmuls by row count ------------------------------------------------ */
 
 static void
-bench_matmul(void)
+bench_matmul(const int *ns, int n_ns)
 {
-	static const int ns[] = {17, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048};
 	static const char *paths[] = {"gemm", "lt"};
 	const g4_model_config *c = &D.m->cfg;
 	int			sl = 0;
@@ -525,7 +527,7 @@ bench_matmul(void)
 
 	while (c->layer_full[sl])
 		sl++;
-	for (i = 0; i < G4_ARRAY_LEN(ns); i++)
+	for (i = 0; i < (size_t) n_ns; i++)
 		for (p = 0; p < G4_ARRAY_LEN(paths); p++)
 		{
 			const g4_layer *ly = &D.m->layers[sl];
@@ -684,9 +686,37 @@ bench_capacity(void)
 	}
 }
 
+/* A comma-separated list of positive row counts into out (at most max). */
+static int
+parse_counts(const char *s, int *out, int max)
+{
+	int			n = 0;
+
+	while (*s && n < max)
+	{
+		char	   *end;
+		long		v = strtol(s, &end, 10);
+
+		if (end == s || v <= 0 || v > MAX_TOKENS)
+		{
+			fprintf(stderr, "bench-gpu: bad row count list \"%s\"\n", s);
+			exit(2);
+		}
+		out[n++] = (int) v;
+		s = *end == ',' ? end + 1 : end;
+	}
+	return n;
+}
+
 int
 main(int argc, char **argv)
 {
+	static const int ops_default[] = {1, 64, 2048};
+	static const int matmul_default[] = {17, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048};
+	int			ops_n[16],
+				matmul_n[16];
+	int			n_ops = (int) G4_ARRAY_LEN(ops_default),
+				n_matmul = (int) G4_ARRAY_LEN(matmul_default);
 	const char *model = NULL;
 	const char *what = "ops,decode,prefill,capacity";
 	g4_err		err;
@@ -695,6 +725,8 @@ main(int argc, char **argv)
 	size_t		free_b,
 				total;
 
+	memcpy(ops_n, ops_default, sizeof(ops_default));
+	memcpy(matmul_n, matmul_default, sizeof(matmul_default));
 	for (i = 1; i < argc; i++)
 	{
 		if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
@@ -706,10 +738,14 @@ main(int argc, char **argv)
 			i++;
 			kv_dtype = strcmp(argv[i], "bf16") == 0 ? G4_KV_BF16 : G4_KV_TURBOQUANT_K8V4;
 		}
+		else if (strcmp(argv[i], "--ops-n") == 0 && i + 1 < argc)
+			n_ops = parse_counts(argv[++i], ops_n, (int) G4_ARRAY_LEN(ops_n));
+		else if (strcmp(argv[i], "--matmul-n") == 0 && i + 1 < argc)
+			n_matmul = parse_counts(argv[++i], matmul_n, (int) G4_ARRAY_LEN(matmul_n));
 	}
 	if (!model)
 	{
-		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq]\n");
+		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq] [--ops-n LIST] [--matmul-n LIST]\n");
 		return 2;
 	}
 	if (g4_backend_cuda_create(0, &be, &err) != G4_OK)
@@ -723,13 +759,10 @@ main(int argc, char **argv)
 		   D.open_secs, (double) free_b / 1e9);
 	fflush(stdout);
 	if (strstr(what, "ops"))
-	{
-		breakdown(1, 2048);
-		breakdown(64, 2048);
-		breakdown(2048, 0);
-	}
+		for (i = 0; i < n_ops; i++)
+			breakdown(ops_n[i], ops_n[i] <= 64 ? 2048 : 0);
 	if (strstr(what, "matmul"))
-		bench_matmul();
+		bench_matmul(matmul_n, n_matmul);
 	if (strstr(what, "decode"))
 		bench_decode();
 	if (strstr(what, "prefill"))
