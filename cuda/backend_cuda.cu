@@ -895,6 +895,7 @@ g4_backend_cuda_create(int device, g4_backend **out, g4_err *err)
 	}
 	c->sm_count = prop.multiProcessorCount;
 	c->pdl = prop.major >= 9;
+	c->wgmma = g4c_wgmma_probe(c, prop.major, prop.minor);
 	if (g4c_lt_init(c) != G4_OK)
 	{
 		g4_fail(err, G4_ERR_BACKEND, "cannot start cuBLASLt on device %d: %s", device, c->err_msg);

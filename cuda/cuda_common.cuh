@@ -83,6 +83,7 @@ typedef struct
 	cudaStream_t stream;
 	int			sm_count;
 	int			pdl;			/* programmatic dependent launch (Hopper and newer) */
+	int			wgmma;			/* the sm_90a warpgroup-MMA kernels run here */
 	char		name[256];
 
 	/* first error, reported by sync */
@@ -463,6 +464,9 @@ void		g4c_lt_step_begin(g4_cuda *c);
 int			g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_f32(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
+/* matmul_w4_wgmma.cu */
+int			g4c_matmul_i4_wgmma(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
+int			g4c_wgmma_probe(g4_cuda *c, int cc_major, int cc_minor);
 /* pack kernels (matmul_w4.cu / matmul_dense.cu): raw device rows [rows][in]
  * of a part placed at row `row0` of the packed weight */
 int			g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_scales,

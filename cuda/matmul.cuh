@@ -890,11 +890,10 @@ gemm_occupancy(g4_cuda *c)
 /* The number of K ranges: the least estimated time, in rounds of k-tiles
  * of the busiest SM slot, counting each range's pipeline fill (two
  * k-tiles) and the partial sums' traffic (written and read once, in units
- * of one round's weight traffic).  Depends only on the shape and n, so a
- * recorded step graph's scratch stays valid. */
-template <int FMT>
-static int
-gemm_ksplit(const g4_weight *w, int n, int tiles_mn, int slots)
+ * of one round's weight traffic: b_bytes per block and k-tile).  Depends
+ * only on the shape and n, so a recorded step graph's scratch stays valid. */
+static inline int
+gemm_ksplit(const g4_weight *w, int n, int tiles_mn, int slots, double b_bytes)
 {
 	int			KT = (int) w->ktiles;
 	double		best = 1e30;
@@ -910,7 +909,7 @@ gemm_ksplit(const g4_weight *w, int n, int tiles_mn, int slots)
 		if ((KT + kr - 1) / kr != ks)
 			continue;			/* the same ranges as a smaller ks */
 		cost = (double) rounds * (kr + 2) +
-			(ks > 1 ? 2.0 * ks * (double) n * (double) w->out * 4.0 / ((double) slots * gemm_cfg<FMT>::B_BYTES) : 0.0);
+			(ks > 1 ? 2.0 * ks * (double) n * (double) w->out * 4.0 / ((double) slots * b_bytes) : 0.0);
 		if (cost < best)
 		{
 			best = cost;
@@ -920,15 +919,21 @@ gemm_ksplit(const g4_weight *w, int n, int tiles_mn, int slots)
 	return best_ks;
 }
 
-template <int FMT, int MI>
-int
-gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+/*
+ * A gemm kernel over the grid (token-row tiles of bm, weight-row tiles of
+ * bn_units units, K ranges): activations converted once to bf16, K split
+ * by gemm_ksplit where the tiles alone leave SM slots idle (occ blocks per
+ * SM), and the partial sums added in range order.  Shared by the mma.sync
+ * gemm below and the warpgroup-MMA int4 kernel (matmul_w4_wgmma.cu).
+ */
+static inline int
+gemm_split_run(g4_cuda *c, const char *what, void (*kernel) (gemm_args), const g4_weight *w, const float *x, int n,
+			   float *y, int bm, int bn_units, double b_bytes, size_t smem, int occ)
 {
 	gemm_args	a;
 	int			Kp = (int) w->ktiles * 64;
-	int			mt = (n + GEMM_BM(MI) - 1) / GEMM_BM(MI);
-	int			nt = (int) ((w->units * 16 + GEMM_BN - 1) / GEMM_BN);
-	int			occ = gemm_occupancy<FMT, MI>(c);
+	int			mt = (n + bm - 1) / bm;
+	int			nt = (int) ((w->units + bn_units - 1) / bn_units);
 	int			ksplit;
 	size_t		xb_bytes = ((size_t) n * (size_t) Kp * 2 + 255) & ~(size_t) 255;
 	size_t		part_bytes;
@@ -936,7 +941,7 @@ gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 
 	if (occ <= 0)
 		return c->err_code;
-	ksplit = gemm_ksplit<FMT>(w, n, mt * nt, occ * c->sm_count);
+	ksplit = gemm_ksplit(w, n, mt * nt, occ * c->sm_count, b_bytes);
 	part_bytes = ksplit > 1 ? (size_t) ksplit * (size_t) n * (size_t) w->out * sizeof(float) : 0;
 	scratch = (unsigned char *) g4c_scratch(c, xb_bytes + part_bytes);
 	if (!scratch)
@@ -952,8 +957,8 @@ gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 	a.U = (int) w->units;
 	a.kr = (a.KT + ksplit - 1) / ksplit;
 	a.y = ksplit > 1 ? (float *) (scratch + xb_bytes) : y;
-	if (g4c_launch(c, "matmul (gemm)", gemm_kernel<FMT, MI>, dim3((unsigned) mt, (unsigned) nt, (unsigned) ksplit),
-				   dim3(GEMM_THREADS), (size_t) gemm_smem_bytes<FMT, MI>(), a) != G4_OK)
+	if (g4c_launch(c, what, kernel, dim3((unsigned) mt, (unsigned) nt, (unsigned) ksplit), dim3(GEMM_THREADS), smem,
+				   a) != G4_OK)
 		return c->err_code;
 	if (ksplit > 1)
 	{
@@ -966,6 +971,14 @@ gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 						  (const float *) a.y, ksplit, count, y);
 	}
 	return G4_OK;
+}
+
+template <int FMT, int MI>
+int
+gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+{
+	return gemm_split_run(c, "matmul (gemm)", gemm_kernel<FMT, MI>, w, x, n, y, GEMM_BM(MI), GEMM_BN / 16,
+						  gemm_cfg<FMT>::B_BYTES, (size_t) gemm_smem_bytes<FMT, MI>(), gemm_occupancy<FMT, MI>(c));
 }
 
 #endif

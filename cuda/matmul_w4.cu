@@ -68,13 +68,18 @@ g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_s
  * matmuls by row count"):
  *   n <= I4_GEMV_MAX_ROWS     the GEMV (gemv_w4.cu): weights streamed once,
  *                             split bf16 activations (float32-class);
- *   n <  I4_LT_MIN_ROWS       the int4 gemm (matmul.cuh), 32 / 64 / 128
- *                             token rows per block, K split to fill the GPU;
+ *   n <= I4_WGMMA_MAX_ROWS    on Hopper, the warpgroup-MMA kernel
+ *                             (matmul_w4_wgmma.cu), 32 / 64 / 128 token rows
+ *                             per block, K split to fill the GPU;
+ *   n <  I4_LT_MIN_ROWS       the mma.sync gemm (matmul.cuh), likewise with
+ *                             32 / 64 / 128 rows (and below where wgmma is
+ *                             not built or not the device's);
  *   beyond                    dequantised to bf16 + cuBLASLt (matmul_lt.cu).
- * G4_MATMUL_I4=gemm or =lt forces the choice above the GEMV's rows, so that
- * benchmarks can time both on the same shapes.
+ * G4_MATMUL_I4=gemm, =wgmma or =lt forces a path above the GEMV's rows, so
+ * that benchmarks can time them on the same shapes.
  */
 #define I4_GEMV_MAX_ROWS 16
+#define I4_WGMMA_MAX_ROWS 128
 /* a sliding layer's matmuls: gemm 306 / cuBLASLt 343 us at 128 rows,
  * 488 / 377 us at 192 (run 22) */
 #define I4_LT_MIN_ROWS 160
@@ -92,6 +97,8 @@ g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 		return g4c_gemv_i4(c, w, x, n, y);
 	if (force ? strcmp(force, "lt") == 0 : n >= I4_LT_MIN_ROWS)
 		return g4c_matmul_i4_lt(c, w, x, n, y);
+	if (c->wgmma && n <= I4_WGMMA_MAX_ROWS && (force ? strcmp(force, "wgmma") == 0 : 1))
+		return g4c_matmul_i4_wgmma(c, w, x, n, y);
 	if (n <= 32)
 		return gemm_launch<G4C_W_I4, 2>(c, w, x, n, y);
 	if (n <= 64)

@@ -15,8 +15,9 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null)
 CUDA ?= $(if $(and $(NVCC),$(wildcard cuda/backend_cuda.cu)),1,0)
 ifeq ($(CUDA),1)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-# sm_90 for Hopper, sm_80/sm_86 so Ampere cards (the RTX 3090) run too.
-NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
+# sm_90a for Hopper (its warpgroup-MMA kernels need the "a" target; the
+# others run there too), sm_80/sm_86 so Ampere cards (the RTX 3090) run too.
+NVCC_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 \
 	-gencode arch=compute_86,code=sm_86
 NVCC_FLAGS = -O3 -std=c++17 $(NVCC_ARCH) -Xcompiler -fPIC -Xcompiler -Wall \
 	-Werror all-warnings -Isrc/engine -lineinfo

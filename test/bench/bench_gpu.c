@@ -20,7 +20,7 @@
  *           other step sizes; up to 64 are decode steps at 2k, beyond one
  *           prefill chunk).
  * matmul    the int4 matmuls of a sliding layer at 17 to 2,048 rows through
- *           each int4 path above the GEMV (G4_MATMUL_I4=gemm / lt): where
+ *           each int4 path above the GEMV (G4_MATMUL_I4=gemm / wgmma / lt): where
  *           g4c_matmul_i4's threshold lies (--matmul-n: other row counts).
  * capacity  for bf16 and turboquant_k8v4: how many 262,144-token sequences
  *           the pool's accounting says fit next to the weights at 95 % of
@@ -519,7 +519,7 @@ breakdown(int n, int ctx)
 static void
 bench_matmul(const int *ns, int n_ns)
 {
-	static const char *paths[] = {"gemm", "lt"};
+	static const char *paths[] = {"gemm", "wgmma", "lt"};
 	const g4_model_config *c = &D.m->cfg;
 	int			sl = 0;
 	size_t		i,

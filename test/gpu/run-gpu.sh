@@ -26,7 +26,7 @@
 #           set G4_SPEC_MAX_BATCH_DEFAULT (engine.h)
 # pg        PostgreSQL end to end (test/gpu/pg-e2e.sh; needs build/device)
 #
-# Builds what a stage needs when it is missing or does not start here (sm_90
+# Builds what a stage needs when it is missing or does not start here (sm_90a
 # only, to keep the build short); G4_BIN names a directory of prebuilt
 # binaries instead (e.g. build/dev, compiled elsewhere and carried).
 # Generates the tiny fixture model and the random 12B-shaped model (/tmp/m12b,
@@ -69,8 +69,8 @@ if [ $need_build = 0 ] && [ -x "$BIN/run-gpu-tests" ] && ! "$BIN/run-gpu-tests" 
 	need_build=1
 fi
 if [ $need_build = 1 ]; then
-	say "building (sm_90) in $BIN"
-	make -j16 BUILD="$BIN" NVCC_ARCH="-gencode arch=compute_90,code=sm_90" engine gpu-tests "$BIN/bench-prefix" \
+	say "building (sm_90a) in $BIN"
+	make -j16 BUILD="$BIN" NVCC_ARCH="-gencode arch=compute_90a,code=sm_90a" engine gpu-tests "$BIN/bench-prefix" \
 		>"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log"; exit 1; }
 fi
 
