@@ -99,52 +99,70 @@ store_item_of(const store_args &a, store_item *it)
 
 /* ---- f32 / bf16 ---- */
 
-/* Row `row` of the head's f32 or bf16 rows (K 0..15, V 16..31) = src, by
- * the warp. */
+/* Element `at` (K rows 0..15, V rows 16..31, hd each) of the head's f32 or
+ * bf16 rows = x; put4: four elements from `at` (a multiple of 4). */
 __device__ __forceinline__ void
-copy_row(uint8_t *hb, int row, const float *src, int hd, int bf16, int vec)
+put1(uint8_t *hb, size_t at, float x, int bf16)
 {
-	int			lane = threadIdx.x & 31;
-	size_t		base = (size_t) row * (size_t) hd;
-
-	if (vec)
-	{
-		for (int i = 4 * lane; i < hd; i += 4 * 32)
-		{
-			float4		f = *(const float4 *) (src + i);
-
-			if (bf16)
-				*(uint2 *) ((uint16_t *) hb + base + i) =
-					make_uint2(g4_f32_to_bf16(f.x) | (uint32_t) g4_f32_to_bf16(f.y) << 16,
-							   g4_f32_to_bf16(f.z) | (uint32_t) g4_f32_to_bf16(f.w) << 16);
-			else
-				*(float4 *) ((float *) hb + base + i) = f;
-		}
-		return;
-	}
-	for (int i = lane; i < hd; i += 32)
-	{
-		if (bf16)
-			((uint16_t *) hb)[base + i] = g4_f32_to_bf16(src[i]);
-		else
-			((float *) hb)[base + i] = src[i];
-	}
+	if (bf16)
+		((uint16_t *) hb)[at] = g4_f32_to_bf16(x);
+	else
+		((float *) hb)[at] = x;
 }
 
+__device__ __forceinline__ void
+put4(uint8_t *hb, size_t at, float4 f, int bf16)
+{
+	if (bf16)
+		*(uint2 *) ((uint16_t *) hb + at) =
+			make_uint2(g4_f32_to_bf16(f.x) | (uint32_t) g4_f32_to_bf16(f.y) << 16,
+					   g4_f32_to_bf16(f.z) | (uint32_t) g4_f32_to_bf16(f.w) << 16);
+	else
+		*(float4 *) ((float *) hb + at) = f;
+}
+
+/* Both rows are loaded before either is stored: the stores could alias the
+ * loads as far as the compiler knows, so this order is what lets the two
+ * loads be in flight together. */
 __global__ void __launch_bounds__(STORE_THREADS)
 kv_store_copy_kernel(store_args a)
 {
 	store_item	it;
+	int			lane = threadIdx.x & 31;
 	int			bf16 = a.dtype == G4_KV_BF16;
+	const float *key,
+			   *val;
+	size_t		krow,
+				vrow;
 
 	if (!store_item_of(a, &it))
 		return;
-	if (a.k_eq_v)
-		copy_row(it.hb, it.off, it.v, a.hd, bf16, a.vec);
-	else
+	/* a k_eq_v layer stores its value in the key's rows, and nothing else */
+	key = a.k_eq_v ? it.v : it.k;
+	val = a.k_eq_v ? NULL : it.v;
+	krow = (size_t) it.off * (size_t) a.hd;
+	vrow = (size_t) (G4_KV_BLOCK_TOKENS + it.off) * (size_t) a.hd;
+	if (a.vec)
 	{
-		copy_row(it.hb, it.off, it.k, a.hd, bf16, a.vec);
-		copy_row(it.hb, G4_KV_BLOCK_TOKENS + it.off, it.v, a.hd, bf16, a.vec);
+		for (int i = 4 * lane; i < a.hd; i += 4 * 32)
+		{
+			float4		fk = *(const float4 *) (key + i);
+			float4		fv = val ? *(const float4 *) (val + i) : fk;
+
+			put4(it.hb, krow + i, fk, bf16);
+			if (val)
+				put4(it.hb, vrow + i, fv, bf16);
+		}
+		return;
+	}
+	for (int i = lane; i < a.hd; i += 32)
+	{
+		float		fk = key[i];
+		float		fv = val ? val[i] : fk;
+
+		put1(it.hb, krow + i, fk, bf16);
+		if (val)
+			put1(it.hb, vrow + i, fv, bf16);
 	}
 }
 
@@ -372,7 +390,7 @@ g4c_kv_store(g4_backend *be, const g4_kv_layer *L, const float *k, int k_stride,
 	if (kv->dtype != G4_KV_TURBOQUANT_K8V4)
 		kernel = kv_store_copy_kernel;
 	else
-		switch (hd < 32 ? 1 : hd / 32)
+		switch (hd < 32 ? 1 : hd / 32)	/* elements per lane */
 		{
 			case 1:
 				kernel = kv_store_tq_kernel<1>;
