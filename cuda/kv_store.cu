@@ -2,55 +2,33 @@
  * kv_store.cu — writing the step's K and V rows into the paged pool, in
  * every pool dtype, byte for byte as kv_codec.c encodes them.
  *
- * One block of 128 threads per (token, KV head).  turboquant_k8v4 rotates
- * with kvformat.h's Hadamard butterflies (a stage's butterflies in parallel,
- * a barrier between stages) and quantises with kvformat.h's scale and code
- * rules, so the bytes equal the CPU's.
+ * One warp per (token, KV head) item, several items per block, and no
+ * block-wide barrier: a step writes only a few hundred bytes per item, so
+ * the kernel is bound by latency, and a whole block per item would spend
+ * more on its barriers between the Hadamard stages and in the amax
+ * reductions (~30 per item at head_dim 256) than on the writes.
+ *
+ * turboquant_k8v4: lane l holds elements [l·P, l·P + P) of the head in
+ * registers (P = head_dim / 32; head widths below 32 give one element to
+ * each of the first head_dim lanes, the others hold 0 and write nothing).
+ * The Hadamard stages shorter than P are kvformat.h's butterflies inside
+ * the thread; a longer stage `len` pairs lane l with lane l ^ (len / P),
+ * the lane of the lower index taking a + b and the other a - b, the same
+ * operations as g4_hadamard_butterfly.  The amaxes are warp shuffles (the
+ * key over the whole warp, each value group over its G / P lanes), scales
+ * and codes are kvformat.h's, and a lane's codes are contiguous in the
+ * pool, so it stores them at once (8 bytes of key, 4 of value nibbles at
+ * head_dim 256).  f32 and bf16 are copies, four elements per access where
+ * the rows are aligned.
  */
 #include <math.h>
 
 #include "cuda_common.cuh"
 
-#define STORE_THREADS 128
+#define STORE_WARPS 4			/* items per block */
+#define STORE_THREADS (32 * STORE_WARPS)
 #define STORE_MAX_HD 512
-
-/* In place on x[0..n) in shared memory; all threads of the block call it. */
-__device__ void
-hadamard_smem(float *x, int n)
-{
-	for (int len = 1; len < n; len <<= 1)
-	{
-		for (int q = threadIdx.x; q < n / 2; q += blockDim.x)
-			g4_hadamard_butterfly(x, len, q);
-		__syncthreads();
-	}
-	{
-		float		norm = g4_hadamard_norm(n);
-
-		for (int i = threadIdx.x; i < n; i += blockDim.x)
-			x[i] = __fmul_rn(x[i], norm);
-	}
-	__syncthreads();
-}
-
-/* max |x[i]| over [i0, i0 + len), every thread gets it. */
-__device__ float
-block_amax(const float *x, int i0, int len, float *red)
-{
-	float		m = 0.0f;
-	int			lane = threadIdx.x & 31;
-	int			w = threadIdx.x >> 5;
-
-	for (int i = threadIdx.x; i < len; i += blockDim.x)
-		m = fmaxf(m, fabsf(x[i0 + i]));
-	m = g4c_warp_max(m);
-	__syncthreads();
-	if (lane == 0)
-		red[w] = m;
-	__syncthreads();
-	m = lane < (int) (blockDim.x >> 5) ? red[lane] : 0.0f;
-	return g4c_warp_max(m);
-}
+#define FULL_MASK 0xffffffffu
 
 struct store_args
 {
@@ -58,7 +36,9 @@ struct store_args
 	int			k_eq_v;
 	int			hd;
 	int			n_kv_heads;
-	uint8_t    *layer_base;		/* base + layer * layer_stride */
+	int			items;			/* tokens * n_kv_heads */
+	int			vec;			/* k, v rows 16-byte aligned and hd % 4 == 0 */
+	uint8_t    *layer_base;		/* base + layer * layer_stride, 16-byte aligned */
 	size_t		layer_block_bytes;
 	size_t		head_block_bytes;
 	const int32_t *table;		/* [max_seqs][max_blocks] */
@@ -72,109 +52,302 @@ struct store_args
 	unsigned   *status;
 };
 
-__global__ void __launch_bounds__(STORE_THREADS)
-kv_store_kernel(store_args a)
+/* One (token, KV head): its rows and where they go. */
+struct store_item
 {
-	__shared__ float buf[STORE_MAX_HD];
-	__shared__ float red[32];
-	int			t = blockIdx.x / a.n_kv_heads;
-	int			g = blockIdx.x % a.n_kv_heads;
-	int			hd = a.hd;
-	const float *k = a.k ? a.k + (size_t) t * (size_t) a.k_stride + (size_t) g * (size_t) hd : NULL;
-	const float *v = a.v + (size_t) t * (size_t) a.v_stride + (size_t) g * (size_t) hd;
-	int			p,
-				off;
+	const float *k;				/* NULL for k_eq_v layers */
+	const float *v;
+	uint8_t    *hb;				/* the head's bytes in the token's block */
+	int			off;			/* the token's row in the block */
+};
+
+/*
+ * The item of this warp, after the dependent-launch wait (positions, block
+ * tables and rows are earlier kernels' outputs).  False when the warp has
+ * none or the token's block is missing (then the status says so): the
+ * whole warp returns together, so every shuffle after it has all 32 lanes.
+ */
+__device__ __forceinline__ bool
+store_item_of(const store_args &a, store_item *it)
+{
+	int			item = blockIdx.x * STORE_WARPS + (threadIdx.x >> 5);
+	int			t,
+				g,
+				p;
 	int32_t		blk;
-	uint8_t    *hb;
 
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
+	if (item >= a.items)
+		return false;
+	t = item / a.n_kv_heads;
+	g = item % a.n_kv_heads;
 	p = a.pos[t];
-	off = p % G4_KV_BLOCK_TOKENS;
 	blk = a.table[(size_t) a.slot[t] * (size_t) a.max_blocks + (size_t) (p / G4_KV_BLOCK_TOKENS)];
 	if (blk < 0)
 	{
-		if (threadIdx.x == 0)
+		if ((threadIdx.x & 31) == 0)
 			atomicOr(a.status, G4C_STATUS_KV_MISSING);
-		return;
+		return false;
 	}
-	hb = a.layer_base + (size_t) blk * a.layer_block_bytes + (size_t) g * a.head_block_bytes;
-	if (a.dtype == G4_KV_F32)
-	{
-		float	   *kp = (float *) hb;
+	it->k = a.k ? a.k + (size_t) t * (size_t) a.k_stride + (size_t) g * (size_t) a.hd : NULL;
+	it->v = a.v + (size_t) t * (size_t) a.v_stride + (size_t) g * (size_t) a.hd;
+	it->hb = a.layer_base + (size_t) blk * a.layer_block_bytes + (size_t) g * a.head_block_bytes;
+	it->off = p % G4_KV_BLOCK_TOKENS;
+	return true;
+}
 
-		for (int i = threadIdx.x; i < hd; i += blockDim.x)
+/* ---- f32 / bf16 ---- */
+
+/* Element `at` (K rows 0..15, V rows 16..31, hd each) of the head's f32 or
+ * bf16 rows = x; put4: four elements from `at` (a multiple of 4). */
+__device__ __forceinline__ void
+put1(uint8_t *hb, size_t at, float x, int bf16)
+{
+	if (bf16)
+		((uint16_t *) hb)[at] = g4_f32_to_bf16(x);
+	else
+		((float *) hb)[at] = x;
+}
+
+__device__ __forceinline__ void
+put4(uint8_t *hb, size_t at, float4 f, int bf16)
+{
+	if (bf16)
+		*(uint2 *) ((uint16_t *) hb + at) =
+			make_uint2(g4_f32_to_bf16(f.x) | (uint32_t) g4_f32_to_bf16(f.y) << 16,
+					   g4_f32_to_bf16(f.z) | (uint32_t) g4_f32_to_bf16(f.w) << 16);
+	else
+		*(float4 *) ((float *) hb + at) = f;
+}
+
+/* Both rows are loaded before either is stored: the stores could alias the
+ * loads as far as the compiler knows, so this order is what lets the two
+ * loads be in flight together. */
+__global__ void __launch_bounds__(STORE_THREADS)
+kv_store_copy_kernel(store_args a)
+{
+	store_item	it;
+	int			lane = threadIdx.x & 31;
+	int			bf16 = a.dtype == G4_KV_BF16;
+	const float *key,
+			   *val;
+	size_t		krow,
+				vrow;
+
+	if (!store_item_of(a, &it))
+		return;
+	/* a k_eq_v layer stores its value in the key's rows, and nothing else */
+	key = a.k_eq_v ? it.v : it.k;
+	val = a.k_eq_v ? NULL : it.v;
+	krow = (size_t) it.off * (size_t) a.hd;
+	vrow = (size_t) (G4_KV_BLOCK_TOKENS + it.off) * (size_t) a.hd;
+	if (a.vec)
+	{
+		for (int i = 4 * lane; i < a.hd; i += 4 * 32)
 		{
-			if (a.k_eq_v)
-				kp[(size_t) off * hd + i] = v[i];
-			else
-			{
-				kp[(size_t) off * hd + i] = k[i];
-				kp[(size_t) (G4_KV_BLOCK_TOKENS + off) * hd + i] = v[i];
-			}
+			float4		fk = *(const float4 *) (key + i);
+			float4		fv = val ? *(const float4 *) (val + i) : fk;
+
+			put4(it.hb, krow + i, fk, bf16);
+			if (val)
+				put4(it.hb, vrow + i, fv, bf16);
 		}
 		return;
 	}
-	if (a.dtype == G4_KV_BF16)
+	for (int i = lane; i < a.hd; i += 32)
 	{
-		uint16_t   *kp = (uint16_t *) hb;
+		float		fk = key[i];
+		float		fv = val ? val[i] : fk;
 
-		for (int i = threadIdx.x; i < hd; i += blockDim.x)
+		put1(it.hb, krow + i, fk, bf16);
+		if (val)
+			put1(it.hb, vrow + i, fv, bf16);
+	}
+}
+
+/* ---- turboquant_k8v4, P elements per lane ---- */
+
+/* x = this lane's P elements of the row (0 past hd). */
+template <int P>
+__device__ __forceinline__ void
+load_lane(float x[P], const float *row, int hd, int vec)
+{
+	int			lane = threadIdx.x & 31;
+
+	if constexpr (P % 4 == 0)
+	{
+		if (vec)
 		{
-			if (a.k_eq_v)
-				kp[(size_t) off * hd + i] = g4_f32_to_bf16(v[i]);
-			else
+#pragma unroll
+			for (int i = 0; i < P; i += 4)
 			{
-				kp[(size_t) off * hd + i] = g4_f32_to_bf16(k[i]);
-				kp[(size_t) (G4_KV_BLOCK_TOKENS + off) * hd + i] = g4_f32_to_bf16(v[i]);
-			}
-		}
-		return;
-	}
-	/* turboquant_k8v4: the key (or, for k_eq_v layers, the plain value) as
-	 * int8 with one scale */
-	for (int i = threadIdx.x; i < hd; i += blockDim.x)
-		buf[i] = a.k_eq_v ? v[i] : k[i];
-	__syncthreads();
-	if (!a.k_eq_v)
-		hadamard_smem(buf, hd);
-	{
-		float		inv;
-		uint16_t	s16 = g4_kv_scale(block_amax(buf, 0, hd, red), G4_KV_K8_LEVELS, &inv);
-		int8_t	   *kq = (int8_t *) hb + (size_t) off * hd;
+				float4		f = *(const float4 *) (row + lane * P + i);
 
-		for (int i = threadIdx.x; i < hd; i += blockDim.x)
-			kq[i] = (int8_t) g4_kv_k8_code(buf[i], inv);
-		if (threadIdx.x == 0)
-			*(uint16_t *) (hb + g4_kv_tq_kscale_off(hd) + 2 * (size_t) off) = s16;
+				x[i] = f.x;
+				x[i + 1] = f.y;
+				x[i + 2] = f.z;
+				x[i + 3] = f.w;
+			}
+			return;
+		}
 	}
+#pragma unroll
+	for (int i = 0; i < P; i++)
+		x[i] = lane * P + i < hd ? row[lane * P + i] : 0.0f;
+}
+
+/* In place on the warp's hd elements (a power of two), with the operations
+ * of g4_hadamard (kvformat.h). */
+template <int P>
+__device__ __forceinline__ void
+hadamard_warp(float x[P], int hd)
+{
+	int			lane = threadIdx.x & 31;
+	int			data_lanes = P > 1 ? 32 : hd;
+	float		norm = g4_hadamard_norm(hd);
+
+	/* stages within the lane: a P-element transform of its own */
+#pragma unroll
+	for (int len = 1; len < P; len <<= 1)
+#pragma unroll
+		for (int q = 0; q < P / 2; q++)
+			g4_hadamard_butterfly(x, len, q);
+	/* stage len = m·P: element i of lane l pairs with element i of lane
+	 * l ^ m, the lower index being in the lane whose bit m is clear (a
+	 * constant trip count, unrolled, when the head fills the warp) */
+#pragma unroll
+	for (int m = 1; m < data_lanes; m <<= 1)
+	{
+		bool		upper = (lane & m) != 0;
+
+#pragma unroll
+		for (int i = 0; i < P; i++)
+		{
+			float		o = __shfl_xor_sync(FULL_MASK, x[i], m);
+
+			x[i] = upper ? G4_KV_SUB(o, x[i]) : G4_KV_ADD(x[i], o);
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < P; i++)
+		x[i] = G4_KV_MUL(x[i], norm);
+}
+
+/* max |x| over this lane's elements and those of the `lanes` lanes (a power
+ * of two) of its aligned lane group. */
+template <int P>
+__device__ __forceinline__ float
+group_amax(const float x[P], int lanes)
+{
+	float		m = 0.0f;
+
+#pragma unroll
+	for (int i = 0; i < P; i++)
+		m = fmaxf(m, fabsf(x[i]));
+	for (int o = lanes >> 1; o > 0; o >>= 1)
+		m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, o));
+	return m;
+}
+
+/* NB bytes, packed little-endian in w, at dst (aligned to NB). */
+template <int NB>
+__device__ __forceinline__ void
+store_packed(uint8_t *dst, const uint32_t *w)
+{
+	if constexpr (NB == 1)
+		*dst = (uint8_t) w[0];
+	else if constexpr (NB == 2)
+		*(uint16_t *) dst = (uint16_t) w[0];
+	else if constexpr (NB == 4)
+		*(uint32_t *) dst = w[0];
+	else if constexpr (NB == 8)
+		*(uint2 *) dst = make_uint2(w[0], w[1]);
+	else
+	{
+		static_assert(NB == 16, "a lane stores 1, 2, 4, 8 or 16 bytes");
+		*(uint4 *) dst = make_uint4(w[0], w[1], w[2], w[3]);
+	}
+}
+
+/* The key (or a k_eq_v layer's plain value): int8 codes, one scale. */
+template <int P>
+__device__ __forceinline__ void
+store_k8(const float x[P], uint8_t *hb, int off, int hd)
+{
+	int			lane = threadIdx.x & 31;
+	float		inv;
+	uint16_t	s16 = g4_kv_scale(group_amax<P>(x, 32), G4_KV_K8_LEVELS, &inv);
+	uint32_t	w[(P + 3) / 4] = {0};
+
+#pragma unroll
+	for (int i = 0; i < P; i++)
+		w[i / 4] |= (uint32_t) (uint8_t) g4_kv_k8_code(x[i], inv) << (8 * (i % 4));
+	if (lane * P < hd)
+		store_packed<P>(hb + (size_t) off * (size_t) hd + (size_t) (lane * P), w);
+	if (lane == 0)
+		*(uint16_t *) (hb + g4_kv_tq_kscale_off(hd) + 2 * (size_t) off) = s16;
+}
+
+/* The rotated value: 4-bit codes, one scale per G elements. */
+template <int P>
+__device__ __forceinline__ void
+store_v4(const float x[P], uint8_t *hb, int off, int hd)
+{
+	int			lane = threadIdx.x & 31;
+	int			G = g4_kv_v4_group(hd);
+	int			lanes = G / P;	/* lanes sharing a scale: P divides 32 and G */
+	float		inv;
+	uint16_t	s16 = g4_kv_scale(group_amax<P>(x, lanes), G4_KV_V4_STEPS, &inv);
+	uint32_t	w[(P + 7) / 8] = {0};
+	uint8_t    *vq = hb + g4_kv_tq_v_off(hd) + (size_t) off * (size_t) (hd / 2);
+	uint16_t   *vs = (uint16_t *) (hb + g4_kv_tq_vscale_off(hd) + (size_t) off * (size_t) (hd / G) * 2);
+
+#pragma unroll
+	for (int i = 0; i < P; i++)
+		w[i / 8] |= (uint32_t) g4_kv_v4_code(x[i], inv) << (4 * (i % 8));
+	if constexpr (P == 1)
+	{
+		/* a byte holds two lanes' codes: the even lane writes it */
+		uint32_t	hi = __shfl_down_sync(FULL_MASK, w[0], 1);
+
+		if ((lane & 1) == 0 && lane < hd)
+			vq[lane / 2] = (uint8_t) (w[0] | hi << 4);
+	}
+	else
+	{
+		if (lane * P < hd)
+			store_packed<P / 2>(vq + (size_t) (lane * P / 2), w);
+	}
+	if (lane % lanes == 0 && lane * P < hd)
+		vs[lane * P / G] = s16;
+}
+
+template <int P>
+__global__ void __launch_bounds__(STORE_THREADS)
+kv_store_tq_kernel(store_args a)
+{
+	store_item	it;
+	float		kx[P],
+				vx[P];
+
+	if (!store_item_of(a, &it))
+		return;
 	if (a.k_eq_v)
-		return;
-	__syncthreads();
-	for (int i = threadIdx.x; i < hd; i += blockDim.x)
-		buf[i] = v[i];
-	__syncthreads();
-	hadamard_smem(buf, hd);
 	{
-		int			G = g4_kv_v4_group(hd);
-		uint8_t    *vq = hb + g4_kv_tq_v_off(hd) + (size_t) off * (size_t) (hd / 2);
-		uint16_t   *vs = (uint16_t *) (hb + g4_kv_tq_vscale_off(hd) + (size_t) off * (size_t) (hd / G) * 2);
-
-		for (int gi = 0; gi < hd / G; gi++)
-		{
-			float		inv;
-			uint16_t	s16 = g4_kv_scale(block_amax(buf, gi * G, G, red), G4_KV_V4_STEPS, &inv);
-
-			for (int i = threadIdx.x; i < G / 2; i += blockDim.x)
-			{
-				int			e = gi * G + 2 * i;
-
-				vq[e / 2] = (uint8_t) (g4_kv_v4_code(buf[e], inv) | (g4_kv_v4_code(buf[e + 1], inv) << 4));
-			}
-			if (threadIdx.x == 0)
-				vs[gi] = s16;
-		}
+		/* not rotated: attention applies RoPE to the plain vector */
+		load_lane<P>(vx, it.v, a.hd, a.vec);
+		store_k8<P>(vx, it.hb, it.off, a.hd);
+		return;
 	}
+	/* both rows loaded, then both transformed: their loads and shuffle
+	 * chains are independent and overlap */
+	load_lane<P>(kx, it.k, a.hd, a.vec);
+	load_lane<P>(vx, it.v, a.hd, a.vec);
+	hadamard_warp<P>(kx, a.hd);
+	hadamard_warp<P>(vx, a.hd);
+	store_k8<P>(kx, it.hb, it.off, a.hd);
+	store_v4<P>(vx, it.hb, it.off, a.hd);
 }
 
 int
@@ -182,29 +355,59 @@ g4c_kv_store(g4_backend *be, const g4_kv_layer *L, const float *k, int k_stride,
 {
 	g4_cuda    *c = g4c_of(be);
 	const g4_kv_pool_desc *kv = &c->kv;
+	void		(*kernel) (store_args);
 	store_args	a;
+	int			hd = L->head_dim;
 
-	if (!c->kv_configured || L->head_dim > STORE_MAX_HD || L->head_dim < 2)
+	if (!c->kv_configured || hd > STORE_MAX_HD || hd < 2)
 		return G4_ERR_INTERNAL;
-	if (kv->dtype == G4_KV_TURBOQUANT_K8V4 && (L->head_dim & (L->head_dim - 1)) != 0)
+	if (kv->dtype == G4_KV_TURBOQUANT_K8V4 && (hd & (hd - 1)) != 0)
 		return G4_ERR_UNSUPPORTED;
 	if (n <= 0)
 		return G4_OK;
 	a.dtype = kv->dtype;
 	a.k_eq_v = L->k_eq_v;
-	a.hd = L->head_dim;
+	a.hd = hd;
 	a.n_kv_heads = L->n_kv_heads;
+	a.items = n * L->n_kv_heads;
 	a.layer_base = kv->base[L->group] + (size_t) L->index * kv->layer_stride[L->group];
 	a.layer_block_bytes = kv->layer_block_bytes[L->group];
-	a.head_block_bytes = g4_kv_head_block_bytes(kv->dtype, L->head_dim, L->k_eq_v);
+	a.head_block_bytes = g4_kv_head_block_bytes(kv->dtype, hd, L->k_eq_v);
 	a.table = kv->block_tables[L->group];
 	a.max_blocks = kv->max_blocks_per_seq;
 	a.k = L->k_eq_v ? NULL : k;
 	a.k_stride = k_stride;
 	a.v = v;
 	a.v_stride = v_stride;
+	a.vec = (((uintptr_t) a.k | (uintptr_t) v) % 16 == 0 && (L->k_eq_v || k_stride % 4 == 0) && v_stride % 4 == 0
+			 && hd % 4 == 0);
 	a.pos = c->d_pos;
 	a.slot = c->d_slot;
 	a.status = c->d_status;
-	return g4c_launch(c, "kv_store", kv_store_kernel, dim3(n * L->n_kv_heads), dim3(STORE_THREADS), 0, a);
+	/* the wide stores rely on it: every head block is a multiple of 16 bytes */
+	if ((uintptr_t) a.layer_base % 16 != 0)
+		return G4_ERR_INTERNAL;
+	if (kv->dtype != G4_KV_TURBOQUANT_K8V4)
+		kernel = kv_store_copy_kernel;
+	else
+		switch (hd < 32 ? 1 : hd / 32)	/* elements per lane */
+		{
+			case 1:
+				kernel = kv_store_tq_kernel<1>;
+				break;
+			case 2:
+				kernel = kv_store_tq_kernel<2>;
+				break;
+			case 4:
+				kernel = kv_store_tq_kernel<4>;
+				break;
+			case 8:
+				kernel = kv_store_tq_kernel<8>;
+				break;
+			default:
+				kernel = kv_store_tq_kernel<16>;
+				break;
+		}
+	return g4c_launch(c, "kv_store", kernel, dim3((a.items + STORE_WARPS - 1) / STORE_WARPS), dim3(STORE_THREADS), 0,
+					  a);
 }
