@@ -700,9 +700,9 @@ log2i(int v)
  * `per_sm` blocks per SM (latency hiding), at least `min_keys` keys each and
  * at most 1024 splits. */
 static int
-choose_splits(const g4_cuda *c, int base, int span, int per_sm, int min_keys)
+choose_splits(const g4_cuda *c, int base, int span, int per_sm, int min_keys, int fit)
 {
-	int			want = (per_sm * c->sm_count + base - 1) / base;
+	int			want = fit ? per_sm * c->sm_count / base : (per_sm * c->sm_count + base - 1) / base;
 	int			most = (span + min_keys - 1) / min_keys;
 
 	if (want > most)
@@ -871,7 +871,30 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.partial = NULL;
 	a.tiles = ch.level >= 0 ? c->d_tiles[ch.level] : NULL;
 	groups = (ch.level >= 0 ? c->n_tiles[ch.level] : n) * a.n_kv;
-	a.S = choose_splits(c, groups, c->span_bucket[L->group], ch.per_sm, ch.min_keys);
+	{
+		/* EXPERIMENT (run 40): the decode kernel's splits at its real
+		 * occupancy, rounded down to one wave */
+		static const char *fit_env;
+		static int	fit_read;
+		int			fit = 0;
+
+		if (!fit_read)
+		{
+			fit_env = getenv("G4_ATTN_FIT");
+			fit_read = 1;
+		}
+		if (fit_env && strcmp(fit_env, "1") == 0 && strcmp(ch.name, "attention (decode)") == 0)
+		{
+			int			b = 0;
+
+			if (allow_smem(c, ch.fn, ch.smem) != G4_OK)
+				return c->err_code;
+			G4C_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, ch.fn, ch.threads, ch.smem));
+			ch.per_sm = b > 0 ? b : 1;
+			fit = 1;
+		}
+		a.S = choose_splits(c, groups, c->span_bucket[L->group], ch.per_sm, ch.min_keys, fit);
+	}
 	if (a.S > 1)
 	{
 		a.partial = (float *) g4c_scratch(c, (size_t) groups * a.S * ch.rows * (hd + 2) * sizeof(float));

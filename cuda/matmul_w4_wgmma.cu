@@ -128,48 +128,79 @@ wg_mma<128>(float *d, const uint32_t a[4], uint64_t desc, int accumulate)
 				 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
 }
 
-/* Issue the copies of k-tile kt into a stage: the activation tile (rows
- * beyond n zero-filled) when tokens, the weight words and scales of the
- * block's 8R units when weights. */
+/*
+ * This thread's share of a stage's copies, the parts that do not depend on
+ * the k-tile, worked out once: the activation rows' element offsets (-1
+ * where the row is beyond n: zero-filled), the weight words' and scales'
+ * offsets (-1 past the last unit).  A stage's copies then cost an add each,
+ * where recomputing the indices cost a third of the kernel's instructions.
+ */
 template <int NTOK, int R>
-__device__ __forceinline__ void
-wg_load_stage(const gemm_args &a, unsigned char *stage, int m0, int u0, int kt, bool tokens, bool weights)
+struct wg_copies
 {
-	constexpr int UNITS = 8 * R;
-	unsigned char *ws = stage + NTOK * 128;
-	size_t		Kp = (size_t) a.KT * 64;
+	static constexpr int UNITS = 8 * R;
+	static constexpr int TOK = NTOK * 8 / GEMM_THREADS;	/* 16-byte chunks per thread */
+	static constexpr int WT = UNITS * 32 / GEMM_THREADS;
+	int			tok[TOK];
+	int			wt[WT];
+	int			sc;
 
-	if (tokens)
-		for (int i = threadIdx.x; i < NTOK * 8; i += GEMM_THREADS)
-		{
-			int			r = i >> 3,
-						ch = i & 7;
-			int			row = m0 + r;
-			bool		ok = row < a.n;
-			const uint16_t *src = a.xb + (size_t) (ok ? row : 0) * Kp + (size_t) kt * 64 + (size_t) ch * 8;
-
-			g4c_cp_async16(stage + r * 128 + ((ch ^ (r & 7)) * 16), src, ok);
-		}
-	if (weights)
+	__device__ __forceinline__ void init(const gemm_args &a, int m0, int u0)
 	{
-		for (int i = threadIdx.x; i < UNITS * 32; i += GEMM_THREADS)
-		{
-			int			u = u0 + (i >> 5);
-			bool		ok = u < a.U;
-			const uint4 *src = a.tiles + ((size_t) (ok ? u : 0) * a.KT + kt) * 32 + (i & 31);
+		int			Kp = a.KT * 64;
 
-			g4c_cp_async16(ws + (size_t) i * 16, src, ok);
+#pragma unroll
+		for (int j = 0; j < TOK; j++)
+		{
+			int			i = (int) threadIdx.x + j * GEMM_THREADS;
+			int			row = m0 + (i >> 3);
+
+			tok[j] = row < a.n ? row * Kp + (i & 7) * 8 : -1;
 		}
-		for (int i = threadIdx.x; i < UNITS * 4; i += GEMM_THREADS)
+#pragma unroll
+		for (int j = 0; j < WT; j++)
 		{
-			int			u = u0 + (i >> 2);
-			bool		ok = u < a.U;
-			const uint16_t *src = a.scales + ((size_t) (ok ? u : 0) * a.KT + kt) * 32 + (size_t) (i & 3) * 8;
+			int			i = (int) threadIdx.x + j * GEMM_THREADS;
+			int			u = u0 + (i >> 5);
 
-			g4c_cp_async16(ws + UNITS * 512 + (size_t) i * 16, src, ok);
+			wt[j] = u < a.U ? u * a.KT * 32 + (i & 31) : -1;
+		}
+		{
+			int			t = (int) threadIdx.x;
+			int			u = u0 + (t >> 2);
+
+			sc = t < UNITS * 4 && u < a.U ? u * a.KT * 32 + (t & 3) * 8 : -1;
 		}
 	}
-}
+
+	/* k-tile kt into a stage: the activation tile (swizzled) when tokens,
+	 * the units' words and scales when weights */
+	__device__ __forceinline__ void load(const gemm_args &a, unsigned char *stage, int kt, bool tokens,
+										 bool weights) const
+	{
+		unsigned char *ws = stage + NTOK * 128;
+
+		if (tokens)
+#pragma unroll
+			for (int j = 0; j < TOK; j++)
+			{
+				int			i = (int) threadIdx.x + j * GEMM_THREADS;
+				int			r = i >> 3;
+
+				g4c_cp_async16(stage + r * 128 + (((i & 7) ^ (r & 7)) * 16),
+							   a.xb + (tok[j] < 0 ? 0 : tok[j] + kt * 64), tok[j] >= 0);
+			}
+		if (weights)
+		{
+#pragma unroll
+			for (int j = 0; j < WT; j++)
+				g4c_cp_async16(ws + (threadIdx.x + j * GEMM_THREADS) * 16,
+							   a.tiles + (wt[j] < 0 ? 0 : wt[j] + kt * 32), wt[j] >= 0);
+			if (threadIdx.x < UNITS * 4)
+				g4c_cp_async16(ws + UNITS * 512 + threadIdx.x * 16, a.scales + (sc < 0 ? 0 : sc + kt * 32), sc >= 0);
+		}
+	}
+};
 
 /* The A fragments of the 4 k16 steps of a unit's k-tile: (code - 8) · scale
  * in bf16, rows g and g + 8 (layout in cuda_common.cuh). */
@@ -206,7 +237,7 @@ w4_wgmma_kernel(gemm_args a)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 	constexpr int UNITS = 8 * R;
 	constexpr int STAGE = wg_stage_bytes<NTOK, R>();
-	extern __shared__ __align__(1024) unsigned char smem[];
+	extern __shared__ __align__(1024) unsigned char wg_smem[];
 	int			lane = threadIdx.x & 31;
 	int			warp = threadIdx.x >> 5;
 	int			wgi = warp >> 2,
@@ -217,20 +248,22 @@ w4_wgmma_kernel(gemm_args a)
 	int			nkt = min(a.kr, a.KT - kt0);
 	float		acc[R][NTOK / 2];
 	uint32_t	af[R][4][4];
+	wg_copies<NTOK, R> cp;
 
 	g4c_pdl_trigger();
+	cp.init(a, m0, u0);
 	/* the weights of the first stages are in flight before the activations
 	 * of the previous kernel may be read: all in one cp.async group, then
 	 * WG_STAGES - 3 empty ones, so that the count below holds from k-tile 0 */
 #pragma unroll
 	for (int st = 0; st < WG_STAGES - 2; st++)
 		if (st < nkt)
-			wg_load_stage<NTOK, R>(a, smem + st * STAGE, m0, u0, kt0 + st, false, true);
+			cp.load(a, wg_smem + st * STAGE, kt0 + st, false, true);
 	g4c_pdl_wait();
 #pragma unroll
 	for (int st = 0; st < WG_STAGES - 2; st++)
 		if (st < nkt)
-			wg_load_stage<NTOK, R>(a, smem + st * STAGE, m0, u0, kt0 + st, true, false);
+			cp.load(a, wg_smem + st * STAGE, kt0 + st, true, false);
 	g4c_cp_async_commit();
 #pragma unroll
 	for (int st = 0; st < WG_STAGES - 3; st++)
@@ -238,7 +271,7 @@ w4_wgmma_kernel(gemm_args a)
 
 	for (int kt = 0; kt < nkt; kt++)
 	{
-		const unsigned char *stage = smem + (kt % WG_STAGES) * STAGE;
+		const unsigned char *stage = wg_smem + (kt % WG_STAGES) * STAGE;
 		uint4		w[R];
 		uint32_t	s_lo[R],
 					s_hi[R];
@@ -248,8 +281,7 @@ w4_wgmma_kernel(gemm_args a)
 		g4c_cp_async_wait<WG_STAGES - 3>();
 		__syncthreads();
 		if (kt + WG_STAGES - 2 < nkt)
-			wg_load_stage<NTOK, R>(a, smem + ((kt + WG_STAGES - 2) % WG_STAGES) * STAGE, m0, u0,
-								   kt0 + kt + WG_STAGES - 2, true, true);
+			cp.load(a, wg_smem + ((kt + WG_STAGES - 2) % WG_STAGES) * STAGE, kt0 + kt + WG_STAGES - 2, true, true);
 		g4c_cp_async_commit();
 #pragma unroll
 		for (int r = 0; r < R; r++)
@@ -380,6 +412,10 @@ wgmma_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 int
 g4c_matmul_i4_wgmma(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
+	/* wg_copies keeps its offsets in 32 bits */
+	if ((double) w->units * (double) w->ktiles * 32.0 > 2147483647.0 ||
+		(double) n * (double) w->ktiles * 64.0 > 2147483647.0)
+		return n <= 64 ? gemm_launch<G4C_W_I4, 4>(c, w, x, n, y) : gemm_launch<G4C_W_I4, 8>(c, w, x, n, y);
 	if (n <= 32)
 		return wgmma_launch<32, 2>(c, w, x, n, y);
 	if (n <= 64)
