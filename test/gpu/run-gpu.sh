@@ -119,7 +119,7 @@ if has hf; then
 fi
 
 if has sanitize; then
-	say "compute-sanitizer memcheck on ${SANITIZE_FILTER:=gpu_attention_exact} (log: sanitize.log)"
+	say "compute-sanitizer memcheck on ${SANITIZE_FILTER:=gpu_parity_attention_exact} (log: sanitize.log)"
 	G4_TEST_SRCDIR=$ROOT G4_TEST_TMPDIR=$ROOT/build/test-tmp G4_FIXTURE_MODEL=$TINY timeout 200 \
 		compute-sanitizer --tool memcheck --print-limit 20 "$BIN/run-gpu-tests" "$SANITIZE_FILTER" >"$LOGS/sanitize.log" 2>&1
 	echo "exit $?" >>"$LOGS/sanitize.log"
