@@ -4,10 +4,12 @@
  * (parity_table.c) run by one loop (parity_run.c).
  *
  * A row names its kind (how to build inputs, run both backends and measure
- * the difference: the case functions of parity_<family>.c), the shapes and
- * dtypes in its arguments, the row counts or variants it expands to, and for
- * each check the operation printed, the bound and why that bound.  Each
- * expansion prints "PARITY op | label | metric | bound | ok" per check.
+ * the difference: the case functions, by family of operations in
+ * parity_matmul.c, parity_rowwise.c, parity_sample.c, parity_attention.c and
+ * parity_media.c), the shapes and dtypes in its arguments, the row counts or
+ * variants it expands to, and for each check the operation printed, the
+ * bound and why that bound.  Each expansion prints "PARITY op | label |
+ * metric | bound | ok" per check.
  *
  * The helpers below are shared by the case functions.  A case that cannot
  * finish (a failed call, an allocation) calls parity_abort(), which returns
@@ -178,7 +180,7 @@ typedef struct
 	int			dtype,
 				small,
 				exact16,
-				g,
+				group,			/* the layer group attended over */
 				heads;
 } pool_args;
 

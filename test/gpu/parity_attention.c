@@ -413,9 +413,9 @@ attention_describe(const parity_row *r, int i, char *label, size_t size)
 				nkv,
 				keqv;
 
-	pool_geometry(a->small, a->g, &hd, &nkv, &keqv);
+	pool_geometry(a->small, a->group, &hd, &nkv, &keqv);
 	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
-			 keqv ? " k_eq_v" : "", st->name, st->n[a->g], a->exact16 ? " exact-in" : "");
+			 keqv ? " k_eq_v" : "", st->name, st->n[a->group], a->exact16 ? " exact-in" : "");
 	return 1;
 }
 
@@ -458,7 +458,7 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 	const pool_args *a = &r->a.pool;
 	const attn_step *st = &attn_steps[r->each[i]];
 	pool_t	   *P = fx;
-	int			g = a->g,
+	int			g = a->group,
 				n = st->n[g];
 	int			hd = P->hd[g];
 	int			q_stride = P->heads * hd + 24;

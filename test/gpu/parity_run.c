@@ -21,18 +21,17 @@ static int	n_checks,
 			n_listed;
 
 /* Where parity_abort and parity_skip return to: the loop, around one setup
- * or one expansion.  NULL outside them. */
+ * or one expansion (NULL outside them), with why and whether skipped. */
 static jmp_buf *escape;
 static char escape_reason[512];
+static int	escape_skips;
 
-void
-parity_abort(const char *fmt,...)
+static void escape_now(int skip) __attribute__((noreturn));
+
+static void
+escape_now(int skip)
 {
-	va_list		ap;
-
-	va_start(ap, fmt);
-	vsnprintf(escape_reason, sizeof(escape_reason), fmt, ap);
-	va_end(ap);
+	escape_skips = skip;
 	if (!escape)
 	{
 		fprintf(stderr, "parity: %s\n", escape_reason);
@@ -42,12 +41,21 @@ parity_abort(const char *fmt,...)
 }
 
 void
+parity_abort(const char *fmt,...)
+{
+	va_list		ap;
+
+	va_start(ap, fmt);
+	vsnprintf(escape_reason, sizeof(escape_reason), fmt, ap);
+	va_end(ap);
+	escape_now(0);
+}
+
+void
 parity_skip(const char *reason)
 {
 	snprintf(escape_reason, sizeof(escape_reason), "%s", reason);
-	if (!escape)
-		exit(2);
-	longjmp(*escape, 2);
+	escape_now(1);
 }
 
 static void
@@ -61,6 +69,12 @@ report(const char *op, const char *label, double metric, double bound)
 	printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", op, label, metric, bound, ok ? "ok" : "FAIL");
 	if (!ok)
 		g4_test_fail(__FILE__, __LINE__, "%s %s: %.3e exceeds %.1e", op, label, metric, bound);
+}
+
+static int
+listing(void)
+{
+	return getenv("G4_PARITY_LIST") != NULL;
 }
 
 static int
@@ -139,16 +153,15 @@ setup_row(const parity_row *r, int *lost)
 {
 	jmp_buf		here;
 	void	   *volatile fx = NULL;
-	int			how;
 
 	*lost = 0;
 	if (!r->kind->setup)
 		return NULL;
 	escape = &here;
-	if ((how = setjmp(here)) == 0)
+	if (setjmp(here) == 0)
 		fx = r->kind->setup(r);
 	else
-		*lost = how;
+		*lost = escape_skips ? 2 : 1;
 	escape = NULL;
 	return fx;
 }
@@ -156,7 +169,7 @@ setup_row(const parity_row *r, int *lost)
 void
 parity_run_family(const char *family)
 {
-	int			list = getenv("G4_PARITY_LIST") != NULL;
+	int			list = listing();
 	const parity_row *owner = NULL;		/* the row whose fixture fx is */
 	void	   *fx = NULL;
 	int			j;
@@ -205,19 +218,13 @@ parity_run_family(const char *family)
 void
 parity_summary(void)
 {
-	if (getenv("G4_PARITY_LIST"))
+	if (listing())
 		printf("PARITY-ROWS %d checks\n", n_listed);
 	else
 		printf("PARITY-SUMMARY %d checks, %d failed\n", n_checks, n_failed);
 }
 
 /* ---- the tests: a family each, then the summary ------------------------------------ */
-
-static int
-listing(void)
-{
-	return getenv("G4_PARITY_LIST") != NULL;
-}
 
 #define PARITY_FAMILY_TEST(family) \
 	G4_TEST(gpu_parity_##family) \

@@ -41,7 +41,7 @@
 #define WHY_ARGMAX "exact: rows differing (ties to the first, NaN at 0 kept, elsewhere never, all -inf: 0)"
 #define WHY_NORM "float32-class: float32 sums of squares in another order"
 #define WHY_ROPE "float32-class: positions up to 262143, sincosf's 2 ulp on the angle's sine"
-#define WHY_GELU "float32-class: tanh-GELU in float32"
+#define WHY_GELU "float32-class: tanh-approximated GELU times up, tanhf in float32"
 #define WHY_LAYERNORM "float32-class: float32 mean and variance in another order"
 /*
  * The device sampler: no id differs.  Both sides compute e with float32
@@ -61,6 +61,7 @@
 
 /* ---- shorthands ------------------------------------------------------------------------ */
 
+/* MM(family, format, parts fused, {each part's rows}, in[, G4_MATMUL_I4]) */
 #define MM(family, ...) .kind = &parity_matmul_##family, .a.mm = {__VA_ARGS__}
 #define MATMUL(bound, why) .check = {{"matmul", NULL, bound, why}, {"matmul repeat", NULL, 0.0, WHY_REPEAT}}
 /* row counts: the int4 GEMV's 1 to 16 (1, 2 or 4 n8 tiles, each partly and
@@ -76,6 +77,7 @@
 /* the steps of attention over a pool */
 #define ALL_STEPS ATT_DECODE_1, ATT_DECODE_4, ATT_PREFILL_DECODE, ATT_PREFILL_SHORT, ATT_PREFILL_LONG
 #define SMALL_STEPS ATT_DECODE_1, ATT_DECODE_4, ATT_PREFILL_DECODE, ATT_PREFILL_SHORT
+/* KV(dtype, small pool): both layer groups */
 #define KV(...) .kind = &parity_kv_store, .a.pool = {__VA_ARGS__}, EACH(0, 1)
 
 const parity_row parity_table[] = {
@@ -128,11 +130,12 @@ const parity_row parity_table[] = {
 	 * first product (seed 13).
 	 */
 	{.kind = &parity_matmul_reused,
-		.a.reuse = {{{G4_W_I4G32, 1, {1000}, 1024}, {G4_W_I4G32, 2, {520, 250}, 672}, {G4_W_I4G32, 1, {4096}, 3840}}, 200},
-		EACH(0, 1, 0, 1, 2, 0, 1, 2, STEP_BEGINS, 2, 0),
-		.check = {{"matmul reused", NULL, 8e-3, WHY_BF16},
-		{"matmul reused same", NULL, 0.0, "exact: outputs differing from the weight's first call"}},
-	.seed = 13},
+	 .a.reuse = {.w = {{G4_W_I4G32, 1, {1000}, 1024}, {G4_W_I4G32, 2, {520, 250}, 672},
+				   {G4_W_I4G32, 1, {4096}, 3840}}, .n = 200},
+	 EACH(0, 1, 0, 1, 2, 0, 1, 2, STEP_BEGINS, 2, 0),
+	 .check = {{"matmul reused", NULL, 8e-3, WHY_BF16},
+			   {"matmul reused same", NULL, 0.0, "exact: outputs differing from the weight's first call"}},
+	 .seed = 13},
 
 	/* ---- matmul: bf16 (seed 2) ---- */
 	{MM(bf16, G4_W_BF16, 1, {9000}, 3840), EACH(1, 5, 16), MATMUL(3e-5, WHY_GEMV), .seed = 2, .share = 10},
@@ -151,19 +154,28 @@ const parity_row parity_table[] = {
 	{MM(float, G4_W_Q6_K, 1, {300}, 512), EACH(1, 13, 70), MATMUL(3e-5, WHY_FLOAT)},
 
 	/* ---- embedding rows (seed 4) ---- */
-	{.kind = &parity_embed, .a.embed = {G4_W_BF16, 5000, 3840, 0, 17}, CHECK1("embed", 0, WHY_COPY), .seed = 4},
-	{.kind = &parity_embed, .a.embed = {G4_W_BF16, 16384, 64, 0, 9}, CHECK1("embed", 0, WHY_COPY)},
-	{.kind = &parity_embed, .a.embed = {G4_W_I4G32, 1000, 640, 0, 6}, CHECK1("embed", 0, WHY_COPY)},
-	{.kind = &parity_embed, .a.embed = {G4_W_F32, 300, 64, 0, 4}, CHECK1("embed", 0, WHY_COPY)},
-	{.kind = &parity_embed, .a.embed = {G4_W_Q8_0, 1000, 640, 0, 5}, CHECK1("embed", 0, WHY_COPY)},
-	{.kind = &parity_embed, .a.embed = {G4_W_Q6_K, 700, 512, 0, 3}, CHECK1("embed", 0, WHY_COPY)},
+	{.kind = &parity_embed, .a.embed = {.fmt = G4_W_BF16, .vocab = 5000, .dim = 3840, .n = 17},
+	 CHECK1("embed", 0, WHY_COPY), .seed = 4},
+	{.kind = &parity_embed, .a.embed = {.fmt = G4_W_BF16, .vocab = 16384, .dim = 64, .n = 9},
+	 CHECK1("embed", 0, WHY_COPY)},
+	{.kind = &parity_embed, .a.embed = {.fmt = G4_W_I4G32, .vocab = 1000, .dim = 640, .n = 6},
+	 CHECK1("embed", 0, WHY_COPY)},
+	{.kind = &parity_embed, .a.embed = {.fmt = G4_W_F32, .vocab = 300, .dim = 64, .n = 4},
+	 CHECK1("embed", 0, WHY_COPY)},
+	{.kind = &parity_embed, .a.embed = {.fmt = G4_W_Q8_0, .vocab = 1000, .dim = 640, .n = 5},
+	 CHECK1("embed", 0, WHY_COPY)},
+	{.kind = &parity_embed, .a.embed = {.fmt = G4_W_Q6_K, .vocab = 700, .dim = 512, .n = 3},
+	 CHECK1("embed", 0, WHY_COPY)},
 
 	/* ---- the draft model's input rows, argmax (seed 41) ---- */
-	{.kind = &parity_embed_concat, .a.embed = {G4_W_BF16, 5000, 3840, 3840, 17}, CHECK1("embed_concat", 0, WHY_COPY),
-	.seed = 41},
-	{.kind = &parity_embed_concat, .a.embed = {G4_W_I4G32, 1000, 640, 640, 6}, CHECK1("embed_concat", 0, WHY_COPY)},
-	{.kind = &parity_embed_concat, .a.embed = {G4_W_F32, 300, 64, 48, 4}, CHECK1("embed_concat", 0, WHY_COPY)},
-	{.kind = &parity_embed_concat, .a.embed = {G4_W_Q6_K, 700, 512, 256, 3}, CHECK1("embed_concat", 0, WHY_COPY)},
+	{.kind = &parity_embed_concat, .a.embed = {.fmt = G4_W_BF16, .vocab = 5000, .dim = 3840, .h_dim = 3840,
+	 .n = 17}, CHECK1("embed_concat", 0, WHY_COPY), .seed = 41},
+	{.kind = &parity_embed_concat, .a.embed = {.fmt = G4_W_I4G32, .vocab = 1000, .dim = 640, .h_dim = 640,
+	 .n = 6}, CHECK1("embed_concat", 0, WHY_COPY)},
+	{.kind = &parity_embed_concat, .a.embed = {.fmt = G4_W_F32, .vocab = 300, .dim = 64, .h_dim = 48,
+	 .n = 4}, CHECK1("embed_concat", 0, WHY_COPY)},
+	{.kind = &parity_embed_concat, .a.embed = {.fmt = G4_W_Q6_K, .vocab = 700, .dim = 512, .h_dim = 256,
+	 .n = 3}, CHECK1("embed_concat", 0, WHY_COPY)},
 	{.kind = &parity_argmax, .a.shape = {10, 262144}, CHECK1("argmax", 0, WHY_ARGMAX)},
 	{.kind = &parity_argmax, .a.shape = {64, 1000}, CHECK1("argmax", 0, WHY_ARGMAX)},
 	{.kind = &parity_argmax, .a.shape = {5, 7}, CHECK1("argmax", 0, WHY_ARGMAX)},
@@ -174,7 +186,8 @@ const parity_row parity_table[] = {
 	{.kind = &parity_rmsnorm, .a.shape = {rows, dim}, EACH(NORM_WEIGHTED, NORM_UNWEIGHTED, NORM_IN_PLACE), \
 	 CHECK1("rmsnorm", 2e-6, WHY_NORM), .seed = seed_}, \
 	{.kind = &parity_add_rmsnorm, .a.shape = {rows, dim}, EACH(ADD_RESIDUAL, ADD_SCALED, ADD_NEXT_NORM), \
-	 .check = {{"add_rmsnorm", NULL, 2e-6, WHY_NORM}, {"add_rmsnorm", "  the next norm (over h)", 2e-6, WHY_NORM}}}
+	 .check = {{"add_rmsnorm", NULL, 2e-6, WHY_NORM}, \
+			   {"add_rmsnorm", "  the next norm (over h)", 2e-6, WHY_NORM}}}
 	NORMS(1, 3840, 5),
 	NORMS(7, 640, 0),
 	NORMS(64, 64, 0),
@@ -182,42 +195,54 @@ const parity_row parity_table[] = {
 	NORMS(130, 3840, 0),
 	NORMS(2, 5002, 0),
 
-	/* ---- the heads' norm and RoPE (seed 6) ---- */
-	{.kind = &parity_head_norm_rope, .a.hnr = {5, 16, 256, 16 * 256 + 2 * 8 * 256, 1, 1, 0},
-	CHECK1("head_norm_rope", 4e-6, WHY_ROPE), .seed = 6},
-	{.kind = &parity_head_norm_rope, .a.hnr = {3, 1, 512, 16 * 512 + 512, 0, 1, 1}, CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},
-	{.kind = &parity_head_norm_rope, .a.hnr = {9, 4, 16, 4 * 16 + 2 * 2 * 16, 1, 1, 0}, CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},
-	{.kind = &parity_head_norm_rope, .a.hnr = {70, 8, 256, 8 * 256, 0, 0, 0}, CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},
-	{.kind = &parity_head_norm_rope, .a.hnr = {4, 16, 512, 16 * 512, 1, 1, 1}, CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},
+	/* ---- the heads' norm and RoPE (seed 6): q rows of 16 heads beside k
+	 * and v (a stride past the heads), one head, no RoPE ---- */
+	{.kind = &parity_head_norm_rope,
+	 .a.hnr = {.n = 5, .heads = 16, .hd = 256, .stride = 16 * 256 + 2 * 8 * 256, .weighted = 1, .rope = 1},
+	 CHECK1("head_norm_rope", 4e-6, WHY_ROPE), .seed = 6},
+	{.kind = &parity_head_norm_rope,
+	 .a.hnr = {.n = 3, .heads = 1, .hd = 512, .stride = 16 * 512 + 512, .rope = 1, .proportional = 1},
+	 CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},
+	{.kind = &parity_head_norm_rope,
+	 .a.hnr = {.n = 9, .heads = 4, .hd = 16, .stride = 4 * 16 + 2 * 2 * 16, .weighted = 1, .rope = 1},
+	 CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},
+	{.kind = &parity_head_norm_rope,
+	 .a.hnr = {.n = 70, .heads = 8, .hd = 256, .stride = 8 * 256},
+	 CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},
+	{.kind = &parity_head_norm_rope,
+	 .a.hnr = {.n = 4, .heads = 16, .hd = 512, .stride = 16 * 512, .weighted = 1, .rope = 1, .proportional = 1},
+	 CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},
 
 	/* ---- GeGLU, soft-capping, logit rows (seed 7) ---- */
 	{.kind = &parity_geglu, .a.shape = {3, 15360}, CHECK1("geglu", 2e-6, WHY_GELU), .seed = 7},
 	{.kind = &parity_geglu, .a.shape = {70, 128}, CHECK1("geglu", 2e-6, WHY_GELU)},
-	{.kind = &parity_softcap, .a.shape = {3, 262144}, CHECK1("softcap", 2e-6, "float32-class: tanhf in float32")},
+	{.kind = &parity_softcap, .a.shape = {3, 262144},
+	 CHECK1("softcap", 2e-6, "float32-class: cap * tanhf(x / cap) in float32")},
 	{.kind = &parity_gather, .a.shape = {40, 3840}, CHECK1("gather_logit_rows", 0, "exact: rows copied")},
 
 	/* ---- the device sampler (seed 8): logits, vocabulary, settings,
 	 * suppressed ids, rows of one call (and of a second), generators ---- */
 	/* Gemma-like rows (the rules' rows among them), then fewer rows: each
 	 * split over more blocks (26 at 10 rows on 132 SMs; 40 rows take 6) */
-	{SAMPLE(LOGITS_GEMMA, 262144, SAMPLE_ALL_SETTINGS, 3, 40, 0, 1000, 0), CHECK1("sample", 0, WHY_SAMPLE),
-	.seed = 8, .share = 1},
-	{SAMPLE(LOGITS_GEMMA, 262144, SAMPLE_ALL_SETTINGS, 3, 10, 0, 1500, 0), CHECK1("sample", 0, WHY_SAMPLE),
-	.share = 1},
+	{SAMPLE(.logits = LOGITS_GEMMA, .vocab = 262144, .setting = SAMPLE_ALL_SETTINGS, .n_suppress = 3,
+	 .n = 40, .seed = 1000), CHECK1("sample", 0, WHY_SAMPLE), .seed = 8, .share = 1},
+	{SAMPLE(.logits = LOGITS_GEMMA, .vocab = 262144, .setting = SAMPLE_ALL_SETTINGS, .n_suppress = 3,
+	 .n = 10, .seed = 1500), CHECK1("sample", 0, WHY_SAMPLE), .share = 1},
 	/* heavy ties: every filter cutting through them */
-	{SAMPLE(LOGITS_TIED, 262144, SAMPLE_ALL_SETTINGS, 3, 40, 0, 2000, 0), CHECK1("sample", 0, WHY_SAMPLE)},
+	{SAMPLE(.logits = LOGITS_TIED, .vocab = 262144, .setting = SAMPLE_ALL_SETTINGS, .n_suppress = 3,
+	 .n = 40, .seed = 2000), CHECK1("sample", 0, WHY_SAMPLE)},
 	/* a small vocabulary (fewer ids than threads) */
-	{SAMPLE(LOGITS_SMALL_VOCAB, 300, SAMPLE_ALL_SETTINGS, 1, 40, 0, 3000, 0), CHECK1("sample", 0, WHY_SAMPLE),
-	.seed = 9},
-	{.kind = &parity_sample_twice, .a.sample = {LOGITS_SMALL_VOCAB, 300, SAMPLE_TOP_P_95, 0, 8, 0, 0, 0},
-	CHECK1("sample", 0, "exact: the same call twice gives the same ids")},
+	{SAMPLE(.logits = LOGITS_SMALL_VOCAB, .vocab = 300, .setting = SAMPLE_ALL_SETTINGS, .n_suppress = 1,
+	 .n = 40, .seed = 3000), CHECK1("sample", 0, WHY_SAMPLE), .seed = 9},
+	{.kind = &parity_sample_twice, .a.sample = {.logits = LOGITS_SMALL_VOCAB, .vocab = 300,
+	 .setting = SAMPLE_TOP_P_95, .n = 8}, CHECK1("sample", 0, "exact: the same call twice gives the same ids")},
 	/* the serving shapes, timed: 1 row (the widest split, 64 blocks) and 64 */
-	{SAMPLE(LOGITS_NORMAL, 262144, SAMPLE_TOP_P_95, 0, 1, 64, 5000, 6000), CHECK1("sample", 0, WHY_SAMPLE),
-	.seed = 10},
-	{SAMPLE(LOGITS_NORMAL, 262144, SAMPLE_PLAIN, 0, 1, 64, 5000, 6000), CHECK1("sample", 0, WHY_SAMPLE),
-	.seed = 10},
-	{SAMPLE(LOGITS_NORMAL, 262144, SAMPLE_TOP_K_40, 0, 1, 64, 5000, 6000), CHECK1("sample", 0, WHY_SAMPLE),
-	.seed = 10},
+	{SAMPLE(.logits = LOGITS_NORMAL, .vocab = 262144, .setting = SAMPLE_TOP_P_95, .n = 1, .n_b = 64,
+	 .seed = 5000, .seed_b = 6000), CHECK1("sample", 0, WHY_SAMPLE), .seed = 10},
+	{SAMPLE(.logits = LOGITS_NORMAL, .vocab = 262144, .setting = SAMPLE_PLAIN, .n = 1, .n_b = 64,
+	 .seed = 5000, .seed_b = 6000), CHECK1("sample", 0, WHY_SAMPLE), .seed = 10},
+	{SAMPLE(.logits = LOGITS_NORMAL, .vocab = 262144, .setting = SAMPLE_TOP_K_40, .n = 1, .n_b = 64,
+	 .seed = 5000, .seed_b = 6000), CHECK1("sample", 0, WHY_SAMPLE), .seed = 10},
 
 	/* ---- the KV pool: the bytes kv_store writes, both layer groups
 	 * (seed 9; pools: dtype, small) ---- */
@@ -229,8 +254,7 @@ const parity_row parity_table[] = {
 	{KV(G4_KV_TURBOQUANT_K8V4, 1), CHECK1("kv_store", 0, WHY_KV_STORE)},
 
 	/*
-	 * ---- attention (pools: dtype, small, f16-exact inputs, layer group,
-	 * query heads) ----
+	 * ---- attention ----
 	 * Which kernel runs (choose_kernel, attention.cu): the decode kernel
 	 * for turboquant head_dim 256 without k_eq_v when every token is its
 	 * own sequence's; the prefill kernel for head_dim 256 without k_eq_v on
@@ -241,66 +265,77 @@ const parity_row parity_table[] = {
 	 * for the small pools' head dims.
 	 */
 	/* the float32 kernel on small pools (seed 10) */
-	{POOL(float32, G4_KV_F32, 1, 0, 0, 0), EACH(SMALL_STEPS), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .seed = 10,
-	.share = 1},
-	{POOL(float32, G4_KV_F32, 1, 0, 1, 0), EACH(SMALL_STEPS), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 1},
-	{POOL(float32, G4_KV_BF16, 1, 0, 0, 0), EACH(SMALL_STEPS), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 2},
-	{POOL(float32, G4_KV_BF16, 1, 0, 1, 0), EACH(SMALL_STEPS), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 2},
-	{POOL(float32, G4_KV_TURBOQUANT_K8V4, 1, 0, 0, 0), EACH(SMALL_STEPS), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32),
-	.share = 3},
-	{POOL(float32, G4_KV_TURBOQUANT_K8V4, 1, 0, 1, 0), EACH(SMALL_STEPS), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32),
-	.share = 3},
+	{POOL(float32, .dtype = G4_KV_F32, .small = 1), EACH(SMALL_STEPS),
+	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .seed = 10, .share = 1},
+	{POOL(float32, .dtype = G4_KV_F32, .small = 1, .group = 1), EACH(SMALL_STEPS),
+	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 1},
+	{POOL(float32, .dtype = G4_KV_BF16, .small = 1), EACH(SMALL_STEPS),
+	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 2},
+	{POOL(float32, .dtype = G4_KV_BF16, .small = 1, .group = 1), EACH(SMALL_STEPS),
+	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 2},
+	{POOL(float32, .dtype = G4_KV_TURBOQUANT_K8V4, .small = 1), EACH(SMALL_STEPS),
+	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 3},
+	{POOL(float32, .dtype = G4_KV_TURBOQUANT_K8V4, .small = 1, .group = 1), EACH(SMALL_STEPS),
+	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 3},
 
 	/* Gemma 4's layer groups, random Gemma-like inputs (seed 11) */
-	{POOL(gemma4, G4_KV_F32, 0, 0, 0, 0), EACH(ATT_DECODE_1), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .seed = 11,
-	.share = 4},
-	{POOL(gemma4, G4_KV_F32, 0, 0, 0, 0), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT), CHECK1("attention(tc)", 0.1, WHY_TC),
-	.share = 4},
-	{POOL(gemma4, G4_KV_F32, 0, 0, 0, 0), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
-	CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 4},
-	{POOL(gemma4, G4_KV_F32, 0, 0, 1, 0), EACH(ALL_STEPS), CHECK1("attention(tc)", 0.1, WHY_TC), .share = 4},
-	{POOL(gemma4, G4_KV_BF16, 0, 0, 0, 0), EACH(ATT_DECODE_1), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 5},
-	{POOL(gemma4, G4_KV_BF16, 0, 0, 0, 0), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT), CHECK1("attention(tc)", 0.1, WHY_TC),
-	.share = 5},
-	{POOL(gemma4, G4_KV_BF16, 0, 0, 0, 0), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
-	CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 5},
-	{POOL(gemma4, G4_KV_BF16, 0, 0, 1, 0), EACH(ALL_STEPS), CHECK1("attention(tc)", 0.1, WHY_TC), .share = 5},
-	{POOL(gemma4, G4_KV_TURBOQUANT_K8V4, 0, 0, 0, 0), EACH(ATT_DECODE_1, ATT_DECODE_4),
-	CHECK1("attention(decode)", 0.1, WHY_DECODE), .share = 6},
-	{POOL(gemma4, G4_KV_TURBOQUANT_K8V4, 0, 0, 0, 0), EACH(ATT_PREFILL_SHORT), CHECK1("attention(tc)", 0.1, WHY_TC),
-	.share = 6},
-	{POOL(gemma4, G4_KV_TURBOQUANT_K8V4, 0, 0, 0, 0), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
-	CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
-	{POOL(gemma4, G4_KV_TURBOQUANT_K8V4, 0, 0, 1, 0), EACH(ALL_STEPS), CHECK1("attention(tc)", 0.1, WHY_TC), .share = 6},
+	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_DECODE_1), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32),
+	 .seed = 11, .share = 4},
+	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT),
+	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 4},
+	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
+	 CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 4},
+	{POOL(gemma4, .dtype = G4_KV_F32, .group = 1), EACH(ALL_STEPS), CHECK1("attention(tc)", 0.1, WHY_TC),
+	 .share = 4},
+	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_DECODE_1), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32),
+	 .share = 5},
+	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT),
+	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 5},
+	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
+	 CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 5},
+	{POOL(gemma4, .dtype = G4_KV_BF16, .group = 1), EACH(ALL_STEPS), CHECK1("attention(tc)", 0.1, WHY_TC),
+	 .share = 5},
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	 CHECK1("attention(decode)", 0.1, WHY_DECODE), .share = 6},
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_PREFILL_SHORT),
+	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 6},
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
+	 CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(ALL_STEPS),
+	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 6},
 
 	/* f16-exact inputs (seed 12; decoded turboquant values are not) */
-	{POOL(exact, G4_KV_F32, 0, 1, 0, 0), EACH(ATT_DECODE_1), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .seed = 12,
-	.share = 7},
-	{POOL(exact, G4_KV_F32, 0, 1, 0, 0), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT),
-	CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
-	{POOL(exact, G4_KV_F32, 0, 1, 0, 0), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
-	CHECK1("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 7},
-	{POOL(exact, G4_KV_F32, 0, 1, 1, 0), EACH(ALL_STEPS), CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
-	{POOL(exact, G4_KV_BF16, 0, 1, 0, 0), EACH(ATT_DECODE_1), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 8},
-	{POOL(exact, G4_KV_BF16, 0, 1, 0, 0), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT),
-	CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
-	{POOL(exact, G4_KV_BF16, 0, 1, 0, 0), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
-	CHECK1("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 8},
-	{POOL(exact, G4_KV_BF16, 0, 1, 1, 0), EACH(ALL_STEPS), CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
+	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_DECODE_1),
+	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .seed = 12, .share = 7},
+	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT),
+	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
+	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
+	 CHECK1("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 7},
+	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1), EACH(ALL_STEPS),
+	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
+	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_1),
+	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 8},
+	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT),
+	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
+	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
+	 CHECK1("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 8},
+	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1, .group = 1), EACH(ALL_STEPS),
+	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
 
 	/* the decode kernel at every query-heads-per-KV-head count it takes
 	 * (1, 2, 4, 8: Gemma 4's sliding layers have 2, Gemma 3 270M's 4),
 	 * the pool's 8 KV heads kept (seed 13) */
-	{POOL(decode, G4_KV_TURBOQUANT_K8V4, 0, 0, 0, 8), EACH(ATT_DECODE_1, ATT_DECODE_4),
-	CHECK1("attention(decode)", 0.1, WHY_DECODE), .seed = 13},
-	{POOL(decode, G4_KV_TURBOQUANT_K8V4, 0, 0, 0, 16), EACH(ATT_DECODE_1, ATT_DECODE_4),
-	CHECK1("attention(decode)", 0.1, WHY_DECODE)},
-	{POOL(decode, G4_KV_TURBOQUANT_K8V4, 0, 0, 0, 32), EACH(ATT_DECODE_1, ATT_DECODE_4),
-	CHECK1("attention(decode)", 0.1, WHY_DECODE)},
-	{POOL(decode, G4_KV_TURBOQUANT_K8V4, 0, 0, 0, 64), EACH(ATT_DECODE_1, ATT_DECODE_4),
-	CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 8), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	 CHECK1("attention(decode)", 0.1, WHY_DECODE), .seed = 13},
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 32), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 64), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
 
-	/* ---- the media embedders' operations (seed 41) ---- */
+	/* ---- the media embedders' operations (seed 41): a layer norm (out of
+	 * place and in place), then bias and 2-D positions ---- */
 #define EMBED_OPS(rows, dim, seed_) \
 	{.kind = &parity_layernorm, .a.shape = {rows, dim}, EACH(LAYERNORM_OUT, LAYERNORM_IN_PLACE), \
 	 CHECK1("layernorm", 2e-6, WHY_LAYERNORM), .seed = seed_}, \
@@ -320,9 +355,9 @@ const parity_row parity_table[] = {
 	 * relative errors relative.
 	 */
 	{.kind = &parity_media_embed, .a.media = {"photo_640x480.jpg", G4_MEDIA_IMAGE},
-	CHECK1("media_embed", 8e-3, WHY_BF16), .share = 1},
+	 CHECK1("media_embed", 8e-3, WHY_BF16), .share = 1},
 	{.kind = &parity_media_embed, .a.media = {"pcm16_16k_mono.wav", G4_MEDIA_AUDIO},
-	CHECK1("media_embed", 8e-3, WHY_BF16), .share = 1},
+	 CHECK1("media_embed", 8e-3, WHY_BF16), .share = 1},
 };
 
 const int	parity_table_len = (int) G4_ARRAY_LEN(parity_table);
