@@ -257,7 +257,8 @@ struct parity_row
 	parity_check check[2];
 	uint64_t	seed;			/* reseeds the inputs' generator (0: goes on) */
 	int			share;			/* rows in a run of the same kind and share
-								 * (non-zero) use the first one's fixture */
+								 * (non-zero) use the first one's fixture: the
+								 * arguments it is built from must agree */
 };
 
 #define EACH(...) .each = {__VA_ARGS__}, .n_each = (int) (sizeof((int[]) {__VA_ARGS__}) / sizeof(int))

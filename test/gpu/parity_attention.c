@@ -392,16 +392,16 @@ typedef struct
 	int			n[2];			/* tokens, by layer group */
 } attn_step;
 
-/* By ATT_*.  The long prefill: on sliding layers 1,100 tokens, enough
+/* The long prefill: on sliding layers 1,100 tokens, enough
  * 64-token tiles (17 x 8 KV heads) that no range is split on 132 SMs; on
  * full layers 600 (150 tiles of 4 tokens), to keep the CPU's reference
  * short. */
 static const attn_step attn_steps[] = {
-	{"decode", shape_decode, {1, 1}},
-	{"decode", shape_decode, {4, 4}},
-	{"prefill+decode", shape_prefill, {98, 98}},
-	{"prefill short", shape_prefill, {12, 12}},
-	{"prefill long at 1503", shape_prefill_long, {1100, 600}},
+	[ATT_DECODE_1] = {"decode", shape_decode, {1, 1}},
+	[ATT_DECODE_4] = {"decode", shape_decode, {4, 4}},
+	[ATT_PREFILL_DECODE] = {"prefill+decode", shape_prefill, {98, 98}},
+	[ATT_PREFILL_SHORT] = {"prefill short", shape_prefill, {12, 12}},
+	[ATT_PREFILL_LONG] = {"prefill long at 1503", shape_prefill_long, {1100, 600}},
 };
 
 static int

@@ -4,7 +4,9 @@
 #   test/gpu/run-gpu.sh [parity] [bench] [hf] [sanitize] [engine] [prefix] [mtp] [crossover] [pg]
 #                                              (default: parity bench hf)
 #
-# parity    every GPU operation against the CPU backend (build/run-gpu-tests)
+# parity    every GPU operation against the CPU backend (build/run-gpu-tests:
+#           the rows of parity_table.c, which G4_PARITY_LIST=1 lists without a
+#           GPU; and the model tests)
 # bench     per-operation and per-step figures on the 12B shape (bench-gpu)
 # hf        transformers on the same 12B-shaped checkpoint, side by side
 # sanitize  compute-sanitizer memcheck on one parity test
