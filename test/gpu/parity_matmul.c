@@ -164,7 +164,8 @@ matmul_setup(const parity_row *r)
 	{
 		const char *prev = getenv("G4_MATMUL_I4");
 
-		m->saved_force = prev ? strdup(prev) : NULL;
+		if (prev && !(m->saved_force = strdup(prev)))
+			parity_abort("host allocation failed");
 		m->forced = 1;
 		setenv("G4_MATMUL_I4", r->a.mm.force, 1);
 	}
