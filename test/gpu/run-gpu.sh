@@ -4,7 +4,9 @@
 #   test/gpu/run-gpu.sh [parity] [bench] [hf] [sanitize] [engine] [prefix] [mtp] [crossover] [pg]
 #                                              (default: parity bench hf)
 #
-# parity    every GPU operation against the CPU backend (build/run-gpu-tests)
+# parity    every GPU operation against the CPU backend (build/run-gpu-tests:
+#           the rows of parity_table.c, which G4_PARITY_LIST=1 lists without a
+#           GPU; and the model tests)
 # bench     per-operation and per-step figures on the 12B shape (bench-gpu)
 # hf        transformers on the same 12B-shaped checkpoint, side by side
 # sanitize  compute-sanitizer memcheck on one parity test
@@ -119,7 +121,7 @@ if has hf; then
 fi
 
 if has sanitize; then
-	say "compute-sanitizer memcheck on ${SANITIZE_FILTER:=gpu_attention_exact} (log: sanitize.log)"
+	say "compute-sanitizer memcheck on ${SANITIZE_FILTER:=gpu_parity_attention_exact} (log: sanitize.log)"
 	G4_TEST_SRCDIR=$ROOT G4_TEST_TMPDIR=$ROOT/build/test-tmp G4_FIXTURE_MODEL=$TINY timeout 200 \
 		compute-sanitizer --tool memcheck --print-limit 20 "$BIN/run-gpu-tests" "$SANITIZE_FILTER" >"$LOGS/sanitize.log" 2>&1
 	echo "exit $?" >>"$LOGS/sanitize.log"

@@ -1,0 +1,360 @@
+/*
+ * parity_matmul.c — the matmul cases: one weight (its parts fused) against
+ * the CPU backend at each row count of its row, with the error relative to
+ * Σ|w·x| (the CPU backend's product of |W| and |x|); the same product again
+ * on the GPU must be bit for bit the first (deterministic reductions); and
+ * weights dequantised once and kept in slots across calls.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parity.h"
+
+/* A weight (the parts fused) on both backends, with |W| on the CPU for the
+ * error measure. */
+typedef struct
+{
+	int			n_parts;
+	int64_t		out;
+	int64_t		in;
+	host_w		hw[4];
+	float	   *absw;
+	g4_weight  *wc,
+			   *wg,
+			   *wa;
+	char	   *saved_force;	/* G4_MATMUL_I4 before the row set it */
+	int			forced;
+} mm_weight;
+
+static int64_t
+mm_out(const mm_args *a)
+{
+	int64_t		out = 0;
+	int			p;
+
+	for (p = 0; p < a->n_parts; p++)
+		out += a->outs[p];
+	return out;
+}
+
+static void
+mm_weight_make(mm_weight *m, const mm_args *a)
+{
+	g4_host_weight parts[4],
+				abs_part;
+	int64_t		r0 = 0,
+				in = a->in;
+	int			p;
+	g4_err		err;
+
+	memset(m, 0, sizeof(*m));
+	m->n_parts = a->n_parts;
+	m->in = in;
+	for (p = 0; p < a->n_parts; p++)
+	{
+		host_w_make(&m->hw[p], a->fmt, a->outs[p], in);
+		parts[p] = m->hw[p].hw;
+		m->out += a->outs[p];
+	}
+	m->absw = p_malloc((size_t) m->out * (size_t) in * 4);
+	/* Σ|w·x| per output, through the CPU backend on |W| and |x| */
+	for (p = 0; p < a->n_parts; p++)
+	{
+		int64_t		r;
+
+		for (r = 0; r < a->outs[p]; r++)
+		{
+			float	   *row = m->absw + (size_t) (r0 + r) * (size_t) in;
+			int64_t		k;
+
+			g4_dequant_row(a->fmt, (const uint8_t *) parts[p].data + (size_t) r * g4_wfmt_row_bytes(a->fmt, in),
+						   parts[p].scales ? parts[p].scales + (size_t) r * (size_t) (in / 32) : NULL, in, row);
+			for (k = 0; k < in; k++)
+				row[k] = fabsf(row[k]);
+		}
+		r0 += a->outs[p];
+	}
+	abs_part.fmt = G4_W_F32;
+	abs_part.out = m->out;
+	abs_part.in = in;
+	abs_part.data = m->absw;
+	abs_part.scales = NULL;
+	P_OK(cpu_be->ops->weight_create(cpu_be, parts, a->n_parts, &m->wc, &err), &err);
+	P_OK(cpu_be->ops->weight_create(cpu_be, &abs_part, 1, &m->wa, &err), &err);
+	P_OK(gpu_be->ops->weight_create(gpu_be, parts, a->n_parts, &m->wg, &err), &err);
+}
+
+static void
+mm_weight_free(mm_weight *m)
+{
+	int			p;
+
+	gpu_be->ops->weight_destroy(gpu_be, m->wg);
+	cpu_be->ops->weight_destroy(cpu_be, m->wc);
+	cpu_be->ops->weight_destroy(cpu_be, m->wa);
+	for (p = 0; p < m->n_parts; p++)
+		host_w_free(&m->hw[p]);
+	free(m->absw);
+}
+
+/* The worst error of the GPU's product yg = x·Wᵀ (n rows) relative to
+ * Σ|w·x|, against the CPU backend's. */
+static double
+mm_error(const mm_weight *m, const float *x, int n, const float *yg)
+{
+	size_t		ny = (size_t) n * (size_t) m->out;
+	float	   *ax = p_malloc((size_t) n * (size_t) m->in * 4),
+			   *yc = p_malloc(ny * 4),
+			   *ya = p_malloc(ny * 4);
+	double		worst = 0.0;
+	size_t		i;
+
+	for (i = 0; i < (size_t) n * (size_t) m->in; i++)
+		ax[i] = fabsf(x[i]);
+	P_RUN(cpu_be, matmul, m->wc, x, n, yc);
+	P_RUN(cpu_be, matmul, m->wa, ax, n, ya);
+	for (i = 0; i < ny; i++)
+	{
+		double		e = fabs((double) yg[i] - (double) yc[i]) / ((double) ya[i] + 1e-30);
+
+		if (e > worst || e != e)
+			worst = e;
+	}
+	free(ax);
+	free(yc);
+	free(ya);
+	return worst;
+}
+
+/* the count of outputs of two products that differ */
+static double
+count_differing(const float *a, const float *b, size_t n)
+{
+	size_t		i,
+				differ = 0;
+
+	for (i = 0; i < n; i++)
+		if (memcmp(&a[i], &b[i], 4) != 0)
+			differ++;
+	return (double) differ;
+}
+
+/* ---- one weight, row counts in turn ------------------------------------------------ */
+
+static int
+matmul_describe(const parity_row *r, int i, char *label, size_t size)
+{
+	const mm_args *a = &r->a.mm;
+
+	snprintf(label, size, "%s n=%d out=%lld%s in=%lld%s", g4_wfmt_name(a->fmt), r->each[i], (long long) mm_out(a),
+			 a->n_parts > 1 ? " (fused)" : "", (long long) a->in,
+			 a->force || getenv("G4_MATMUL_I4") ? " (forced path)" : "");
+	return 2;
+}
+
+static void *
+matmul_setup(const parity_row *r)
+{
+	mm_weight  *m = p_calloc(1, sizeof(*m));
+
+	mm_weight_make(m, &r->a.mm);
+	if (r->a.mm.force)
+	{
+		const char *prev = getenv("G4_MATMUL_I4");
+
+		if (prev && !(m->saved_force = strdup(prev)))
+			parity_abort("host allocation failed");
+		m->forced = 1;
+		setenv("G4_MATMUL_I4", r->a.mm.force, 1);
+	}
+	return m;
+}
+
+static void
+matmul_teardown(void *fx)
+{
+	mm_weight  *m = fx;
+
+	if (m->forced)
+	{
+		if (m->saved_force)
+			setenv("G4_MATMUL_I4", m->saved_force, 1);
+		else
+			unsetenv("G4_MATMUL_I4");
+		free(m->saved_force);
+	}
+	mm_weight_free(m);
+	free(m);
+}
+
+/* metric 0: the error against the CPU; 1: the outputs that differ between
+ * two calls on the same inputs (fresh activations each row count) */
+static void
+matmul_run(const parity_row *r, void *fx, int i, double *metric)
+{
+	const mm_weight *m = fx;
+	int			n = r->each[i];
+	size_t		ny = (size_t) n * (size_t) m->out;
+	float	   *x = p_malloc((size_t) n * (size_t) m->in * 4),
+			   *yg = p_malloc(ny * 4),
+			   *yg2 = p_malloc(ny * 4);
+	float	   *dx,
+			   *dy,
+			   *dy2;
+
+	fill_normal(x, (size_t) n * (size_t) m->in, 1.0f);
+	dx = gpu_copy(x, (size_t) n * (size_t) m->in * 4);
+	dy = gpu_alloc(ny * 4);
+	dy2 = gpu_alloc(ny * 4);
+	/* NaN: every element must be written */
+	gpu_be->ops->fill(gpu_be, dy, 0xff, ny * 4);
+	gpu_be->ops->fill(gpu_be, dy2, 0xff, ny * 4);
+	P_RUN(gpu_be, matmul, m->wg, dx, n, dy);
+	P_RUN(gpu_be, matmul, m->wg, dx, n, dy2);
+	gpu_get(yg, dy, ny * 4);
+	gpu_get(yg2, dy2, ny * 4);
+	metric[0] = mm_error(m, x, n, yg);
+	metric[1] = count_differing(yg, yg2, ny);
+	gpu_free(dx);
+	gpu_free(dy);
+	gpu_free(dy2);
+	free(x);
+	free(yg);
+	free(yg2);
+}
+
+/* one kind per family, so that each can be run alone (a name each) */
+#define MATMUL_KIND(family_) { \
+	.family = family_, \
+	.describe = matmul_describe, \
+	.setup = matmul_setup, \
+	.teardown = matmul_teardown, \
+	.run = matmul_run, \
+}
+
+const parity_kind parity_matmul_int4 = MATMUL_KIND("matmul_int4"),
+			parity_matmul_bf16 = MATMUL_KIND("matmul_bf16"),
+			parity_matmul_float = MATMUL_KIND("matmul_float");
+
+/* ---- weights dequantised once, kept in slots ------------------------------------- */
+
+/* The three weights, their activations (host and device) and each one's
+ * first product. */
+typedef struct
+{
+	mm_weight	m[3];
+	float	   *x[3],
+			   *dx[3],
+			   *first[3];
+} reuse_fixture;
+
+static int
+reused_describe(const parity_row *r, int i, char *label, size_t size)
+{
+	const mm_reuse_args *a = &r->a.reuse;
+	int			w = r->each[i],
+				calls = 0,
+				stepped = 0,
+				seen = 0,
+				k;
+
+	if (w == STEP_BEGINS)
+		return 0;
+	for (k = 0; k < i; k++)
+	{
+		calls += r->each[k] != STEP_BEGINS;
+		stepped |= r->each[k] == STEP_BEGINS;
+		seen |= r->each[k] == w;
+	}
+	snprintf(label, size, "call %d%s: weight %c n=%d out=%lld in=%lld", calls + 1, stepped ? " (after step_begin)" : "",
+			 'A' + w, a->n, (long long) mm_out(&a->w[w]), (long long) a->w[w].in);
+	return seen ? 2 : 1;
+}
+
+static void *
+reused_setup(const parity_row *r)
+{
+	const mm_reuse_args *a = &r->a.reuse;
+	reuse_fixture *f = p_calloc(1, sizeof(*f));
+	int			j;
+
+	for (j = 0; j < 3; j++)
+		mm_weight_make(&f->m[j], &a->w[j]);
+	for (j = 0; j < 3; j++)
+	{
+		size_t		len = (size_t) a->n * (size_t) a->w[j].in;
+
+		f->x[j] = p_malloc(len * 4);
+		fill_normal(f->x[j], len, 1.0f);
+		f->dx[j] = gpu_copy(f->x[j], len * 4);
+	}
+	return f;
+}
+
+static void
+reused_teardown(void *fx)
+{
+	reuse_fixture *f = fx;
+	int			j;
+
+	for (j = 0; j < 3; j++)
+	{
+		gpu_free(f->dx[j]);
+		free(f->x[j]);
+		free(f->first[j]);
+		mm_weight_free(&f->m[j]);
+	}
+	free(f);
+}
+
+/* metric 0: the error against the CPU; 1 (calls after a weight's first):
+ * the outputs that differ from the first call's */
+static void
+reused_run(const parity_row *r, void *fx, int i, double *metric)
+{
+	reuse_fixture *f = fx;
+	int			w = r->each[i],
+				n = r->a.reuse.n;
+	const mm_weight *m;
+	size_t		ny;
+	float	   *yg,
+			   *dy;
+
+	if (w == STEP_BEGINS)
+	{
+		meta_buf	mb;
+		g4_step_meta sm;
+
+		meta_init(&mb, 1);
+		sm = meta_of(&mb);
+		both_step(&sm);
+		meta_free(&mb);
+		return;
+	}
+	m = &f->m[w];
+	ny = (size_t) n * (size_t) m->out;
+	yg = p_malloc(ny * 4);
+	dy = gpu_alloc(ny * 4);
+	gpu_be->ops->fill(gpu_be, dy, 0xff, ny * 4);
+	P_RUN(gpu_be, matmul, m->wg, f->dx[w], n, dy);
+	gpu_get(yg, dy, ny * 4);
+	gpu_free(dy);
+	metric[0] = mm_error(m, f->x[w], n, yg);
+	if (!f->first[w])
+		f->first[w] = yg;
+	else
+	{
+		metric[1] = count_differing(yg, f->first[w], ny);
+		free(yg);
+	}
+}
+
+const parity_kind parity_matmul_reused = {
+	.family = "matmul_int4",
+	.describe = reused_describe,
+	.setup = reused_setup,
+	.teardown = reused_teardown,
+	.run = reused_run,
+};
