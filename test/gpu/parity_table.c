@@ -65,8 +65,9 @@
 #define MM(family, ...) .kind = &parity_matmul_##family, .a.mm = {__VA_ARGS__}
 #define MATMUL(bound, why) .check = {{"matmul", NULL, bound, why}, {"matmul repeat", NULL, 0.0, WHY_REPEAT}}
 /* row counts: the int4 GEMV's 1 to 16 (1, 2 or 4 n8 tiles, each partly and
- * wholly), then the gemm's block sizes (32, 64, 128 rows) and from 160 the
- * bf16 dequantisation + cuBLASLt (g4c_matmul_i4) */
+ * wholly), then the block sizes of the warpgroup-MMA kernel to 128 rows (32,
+ * 64, 128; the mma.sync gemm beyond and where wgmma is absent) and from 160
+ * the bf16 dequantisation + cuBLASLt (g4c_matmul_i4) */
 #define GEMV_NS 1, 2, 3, 4, 5, 8, 11, 12, 16
 #define GEMM_NS 17, 24, 40, 64, 100, 300
 #define DECODE_NS 17, 32, 33, 64, 65, 128, 256
@@ -126,6 +127,10 @@ const parity_row parity_table[] = {
 	{MM(int4, G4_W_I4G32, 2, {520, 250}, 672, "lt"), EACH(100), MATMUL(8e-3, WHY_BF16)},
 	{MM(int4, G4_W_I4G32, 2, {520, 250}, 672, "lt"), EACH(300), MATMUL(8e-3, WHY_BF16)},
 	{MM(int4, G4_W_I4G32, 1, {3840}, 15360, "lt"), EACH(200), MATMUL(8e-3, WHY_BF16)},
+	/* the mma.sync gemm, which serves 17 to 128 rows where the warpgroup-MMA
+	 * kernel is not built or not the device's, forced (G4_MATMUL_I4=gemm) */
+	{MM(int4, G4_W_I4G32, 1, {4096}, 3840, "gemm"), EACH(17, 64, 100), MATMUL(8e-3, WHY_BF16)},
+	{MM(int4, G4_W_I4G32, 2, {520, 250}, 672, "gemm"), EACH(17, 64, 100), MATMUL(8e-3, WHY_BF16)},
 
 	/*
 	 * The cuBLASLt path dequantises a weight once and keeps the last two in

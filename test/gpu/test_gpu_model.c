@@ -11,7 +11,7 @@
  *    element to a code: a value within float32 rounding of a code boundary
  *    may take the neighbouring code on one backend (a 2^-8 relative step
  *    for bf16), which moves the logits by ~1e-2 (kv_store itself is
- *    byte-identical on identical inputs: test_gpu_ops.c); the difference is
+ *    byte-identical on identical inputs: parity_attention.c); the difference is
  *    reported, and a parting of the continuations must be a near tie (see
  *    the test);
  *  - seeded sampling on the device gives the CPU engine's tokens;
@@ -644,7 +644,7 @@ media_run(g4_engine *e, const g4_request *req, const g4_seq *sq, trace *t, g4_er
 /*
  * An image prompt through the engine, CUDA against CPU (f32 pool), split
  * where the two differ by design.  The embedders' matmuls of more than 16
- * rows round activations to bf16 on the GPU (test_gpu_ops.c media_embed:
+ * rows round activations to bf16 on the GPU (parity_media.c media_embed:
  * the rows within that class), and the fixture's random decoder magnifies
  * such a perturbation of 280 soft-token rows.  So each decoder is given the
  * same rows, once the CPU's and once the CUDA engine's own (the CUDA engine
