@@ -700,9 +700,9 @@ log2i(int v)
  * `per_sm` blocks per SM (latency hiding), at least `min_keys` keys each and
  * at most 1024 splits. */
 static int
-choose_splits(const g4_cuda *c, int base, int span, int per_sm, int min_keys, int fit)
+choose_splits(const g4_cuda *c, int base, int span, int per_sm, int min_keys)
 {
-	int			want = fit ? per_sm * c->sm_count / base : (per_sm * c->sm_count + base - 1) / base;
+	int			want = (per_sm * c->sm_count + base - 1) / base;
 	int			most = (span + min_keys - 1) / min_keys;
 
 	if (want > most)
@@ -710,6 +710,63 @@ choose_splits(const g4_cuda *c, int base, int span, int per_sm, int min_keys, in
 	if (want > 1024)
 		want = 1024;
 	return want < 1 ? 1 : want;
+}
+
+/*
+ * Splits for a kernel whose blocks all take about the same time, `resident`
+ * of them at once on the GPU: the least estimated time, waves of blocks
+ * times a block's keys (span / S) plus its fixed cost, counted as min_keys
+ * more (reading the queries, combining the warps' states, writing the
+ * partial row); the fewer splits on a tie.  The decode kernel at 16
+ * sequences (its registers hold 3 blocks per SM): 5 splits were 1.6 waves,
+ * 3 are one full wave, 48.2 -> 38.8 us per sliding layer (run 40).
+ */
+static int
+choose_splits_waves(int base, int span, int resident, int min_keys)
+{
+	int			most = (span + min_keys - 1) / min_keys;
+	int			best = 1;
+	double		best_cost = 1e30;
+
+	if (most > 1024)
+		most = 1024;
+	for (int s = 1; s <= most; s++)
+	{
+		double		waves = (double) (((long) base * s + resident - 1) / resident);
+		double		cost = waves * ((double) span / s + min_keys);
+
+		if (cost < best_cost - 1e-9)
+		{
+			best_cost = cost;
+			best = s;
+		}
+	}
+	return best;
+}
+
+/* Blocks of fn one SM holds (cached per kernel; 0 after recording an error). */
+static int
+resident_per_sm(g4_cuda *c, attn_kernel_fn fn, int threads, int smem)
+{
+	static attn_kernel_fn fns[8];
+	static int	counts[8];
+	static int	n_fns;
+	int			b = 0;
+
+	for (int i = 0; i < n_fns; i++)
+		if (fns[i] == fn)
+			return counts[i];
+	if (allow_smem(c, fn, smem) != G4_OK)
+		return 0;
+	G4C_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, threads, smem));
+	if (b < 1)
+		b = 1;
+	if (n_fns < 8)
+	{
+		fns[n_fns] = fn;
+		counts[n_fns++] = b;
+	}
+	return b;
 }
 
 /* The kernel serving one layer's step, and how its blocks are laid out. */
@@ -721,7 +778,8 @@ typedef struct
 	int			threads;
 	int			rows;			/* query rows of one block */
 	int			level;			/* tc: tiles of 2^level tokens; -1: one token per block */
-	int			per_sm;			/* blocks resident per SM (how many splits fill the GPU) */
+	int			per_sm;			/* blocks resident per SM (how many splits fill the GPU);
+								 * 0: splits by choose_splits_waves */
 	int			min_keys;		/* keys per split, at least */
 } attn_choice;
 
@@ -778,7 +836,7 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 			ch->threads = 128;
 			ch->rows = gq;
 			ch->level = -1;
-			ch->per_sm = 4;
+			ch->per_sm = 0;		/* splits by waves at its occupancy */
 			ch->min_keys = 4 * G4_KV_BLOCK_TOKENS;	/* a pool block for each warp */
 			return G4_OK;
 		}
@@ -871,30 +929,16 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.partial = NULL;
 	a.tiles = ch.level >= 0 ? c->d_tiles[ch.level] : NULL;
 	groups = (ch.level >= 0 ? c->n_tiles[ch.level] : n) * a.n_kv;
+	if (ch.level < 0 && ch.per_sm == 0)
 	{
-		/* EXPERIMENT (run 40): the decode kernel's splits at its real
-		 * occupancy, rounded down to one wave */
-		static const char *fit_env;
-		static int	fit_read;
-		int			fit = 0;
+		int			resident = resident_per_sm(c, ch.fn, ch.threads, ch.smem);
 
-		if (!fit_read)
-		{
-			fit_env = getenv("G4_ATTN_FIT");
-			fit_read = 1;
-		}
-		if (fit_env && strcmp(fit_env, "1") == 0 && strcmp(ch.name, "attention (decode)") == 0)
-		{
-			int			b = 0;
-
-			if (allow_smem(c, ch.fn, ch.smem) != G4_OK)
-				return c->err_code;
-			G4C_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, ch.fn, ch.threads, ch.smem));
-			ch.per_sm = b > 0 ? b : 1;
-			fit = 1;
-		}
-		a.S = choose_splits(c, groups, c->span_bucket[L->group], ch.per_sm, ch.min_keys, fit);
+		if (resident <= 0)
+			return c->err_code;
+		a.S = choose_splits_waves(groups, c->span_bucket[L->group], resident * c->sm_count, ch.min_keys);
 	}
+	else
+		a.S = choose_splits(c, groups, c->span_bucket[L->group], ch.per_sm, ch.min_keys);
 	if (a.S > 1)
 	{
 		a.partial = (float *) g4c_scratch(c, (size_t) groups * a.S * ch.rows * (hd + 2) * sizeof(float));
