@@ -717,9 +717,12 @@ choose_splits(const g4_cuda *c, int base, int span, int per_sm, int min_keys)
  * of them at once on the GPU: the least estimated time, waves of blocks
  * times a block's keys (span / S) plus its fixed cost, counted as min_keys
  * more (reading the queries, combining the warps' states, writing the
- * partial row); the fewer splits on a tie.  The decode kernel at 16
- * sequences (its registers hold 3 blocks per SM): 5 splits were 1.6 waves,
- * 3 are one full wave, 48.2 -> 38.8 us per sliding layer (run 40).
+ * partial row); the fewer splits on a tie.  The decode kernel bounds the
+ * per-SM rule (choose_splits) with it: at 16 sequences (its registers hold
+ * 3 blocks per SM) 5 splits were 1.6 waves and 3 are one full wave, 48.2 ->
+ * 38.8 us per sliding layer (runs 40-41); where it asked for more splits
+ * than the per-SM rule (64 to 256 sequences) the merging cost more than the
+ * waves saved (64: 113.6 -> 118.5 us; 128: 6,328 -> 5,786 tok/s, run 41).
  */
 static int
 choose_splits_waves(int base, int span, int resident, int min_keys)
@@ -778,8 +781,8 @@ typedef struct
 	int			threads;
 	int			rows;			/* query rows of one block */
 	int			level;			/* tc: tiles of 2^level tokens; -1: one token per block */
-	int			per_sm;			/* blocks resident per SM (how many splits fill the GPU);
-								 * 0: splits by choose_splits_waves */
+	int			per_sm;			/* blocks resident per SM (how many splits fill the GPU) */
+	int			waves;			/* splits also bounded by choose_splits_waves */
 	int			min_keys;		/* keys per split, at least */
 } attn_choice;
 
@@ -836,7 +839,8 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 			ch->threads = 128;
 			ch->rows = gq;
 			ch->level = -1;
-			ch->per_sm = 0;		/* splits by waves at its occupancy */
+			ch->per_sm = 4;
+			ch->waves = 1;
 			ch->min_keys = 4 * G4_KV_BLOCK_TOKENS;	/* a pool block for each warp */
 			return G4_OK;
 		}
@@ -929,16 +933,16 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.partial = NULL;
 	a.tiles = ch.level >= 0 ? c->d_tiles[ch.level] : NULL;
 	groups = (ch.level >= 0 ? c->n_tiles[ch.level] : n) * a.n_kv;
-	if (ch.level < 0 && ch.per_sm == 0)
+	a.S = choose_splits(c, groups, c->span_bucket[L->group], ch.per_sm, ch.min_keys);
+	if (ch.waves)
 	{
 		int			resident = resident_per_sm(c, ch.fn, ch.threads, ch.smem);
 
 		if (resident <= 0)
 			return c->err_code;
-		a.S = choose_splits_waves(groups, c->span_bucket[L->group], resident * c->sm_count, ch.min_keys);
+		a.S = min(a.S, choose_splits_waves(groups, c->span_bucket[L->group], resident * c->sm_count,
+										   ch.min_keys));
 	}
-	else
-		a.S = choose_splits(c, groups, c->span_bucket[L->group], ch.per_sm, ch.min_keys);
 	if (a.S > 1)
 	{
 		a.partial = (float *) g4c_scratch(c, (size_t) groups * a.S * ch.rows * (hd + 2) * sizeof(float));
