@@ -754,17 +754,13 @@ resident_per_sm(g4_cuda *c, attn_kernel_fn fn, int threads, int smem)
 	static attn_kernel_fn fns[8];
 	static int	counts[8];
 	static int	n_fns;
-	int			b = 0;
+	int			b;
 
 	for (int i = 0; i < n_fns; i++)
 		if (fns[i] == fn)
 			return counts[i];
-	if (allow_smem(c, fn, smem) != G4_OK)
-		return 0;
-	G4C_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, threads, smem));
-	if (b < 1)
-		b = 1;
-	if (n_fns < 8)
+	b = g4c_blocks_per_sm(c, (const void *) fn, threads, smem);
+	if (b > 0 && n_fns < 8)
 	{
 		fns[n_fns] = fn;
 		counts[n_fns++] = b;

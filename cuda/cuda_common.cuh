@@ -349,6 +349,27 @@ g4c_cp_async_wait(void)
 	asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
+/* Blocks of kernel fn one SM holds with `smem` bytes of dynamic shared
+ * memory (opting in to more than 48 KiB first); 0 after recording an error.
+ * Callers cache it per kernel. */
+static inline int
+g4c_blocks_per_sm(g4_cuda *c, const void *fn, int threads, int smem)
+{
+	int			b = 0;
+	cudaError_t e = cudaSuccess;
+
+	if (smem > 48 * 1024)
+		e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+	if (e == cudaSuccess)
+		e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, threads, (size_t) smem);
+	if (e != cudaSuccess)
+	{
+		g4c_fail(c, e, "occupancy", __FILE__, __LINE__);
+		return 0;
+	}
+	return b > 0 ? b : 1;
+}
+
 /* ---- launching ----------------------------------------------------------------
  *
  * Every kernel is launched with programmatic stream serialisation where the

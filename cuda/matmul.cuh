@@ -866,24 +866,10 @@ template <int FMT, int MI>
 static int
 gemm_occupancy(g4_cuda *c)
 {
-	static int	blocks = -1;
+	static int	blocks;
 
-	if (blocks < 0)
-	{
-		int			b = 0;
-		cudaError_t e = cudaFuncSetAttribute(gemm_kernel<FMT, MI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-											 gemm_smem_bytes<FMT, MI>());
-
-		if (e == cudaSuccess)
-			e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemm_kernel<FMT, MI>, GEMM_THREADS,
-															  gemm_smem_bytes<FMT, MI>());
-		if (e != cudaSuccess)
-		{
-			g4c_fail(c, e, "gemm occupancy", __FILE__, __LINE__);
-			return 0;
-		}
-		blocks = b > 0 ? b : 1;
-	}
+	if (blocks <= 0)
+		blocks = g4c_blocks_per_sm(c, (const void *) gemm_kernel<FMT, MI>, GEMM_THREADS, gemm_smem_bytes<FMT, MI>());
 	return blocks;
 }
 

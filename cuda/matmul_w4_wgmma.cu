@@ -379,24 +379,11 @@ template <int NTOK, int R>
 static int
 wgmma_occupancy(g4_cuda *c)
 {
-	static int	blocks = -1;
+	static int	blocks;
 
-	if (blocks < 0)
-	{
-		int			b = 0;
-		int			smem = WG_STAGES * wg_stage_bytes<NTOK, R>();
-		cudaError_t e = cudaFuncSetAttribute(w4_wgmma_kernel<NTOK, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-											 smem);
-
-		if (e == cudaSuccess)
-			e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, w4_wgmma_kernel<NTOK, R>, GEMM_THREADS, smem);
-		if (e != cudaSuccess)
-		{
-			g4c_fail(c, e, "wgmma occupancy", __FILE__, __LINE__);
-			return 0;
-		}
-		blocks = b > 0 ? b : 1;
-	}
+	if (blocks <= 0)
+		blocks = g4c_blocks_per_sm(c, (const void *) w4_wgmma_kernel<NTOK, R>, GEMM_THREADS,
+								   WG_STAGES * wg_stage_bytes<NTOK, R>());
 	return blocks;
 }
 
