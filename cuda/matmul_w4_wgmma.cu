@@ -23,7 +23,8 @@
  * memory, a wait for the previous k-tile's wgmmas (their A registers are
  * reused), the dequantisation ((code - 8) · scale, one rounding, as the
  * mma.sync gemm) and 4·R wgmmas committed as one group, which run while the
- * next k-tile's loads and dequantisation proceed.  K is split over blocks and
+ * next k-tile's barrier, copies and shared-memory reads proceed (and other
+ * warpgroups dequantise).  K is split over blocks and
  * the partial sums added in range order as for the gemm (gemm_split_run):
  * results are deterministic.
  */
