@@ -14,8 +14,8 @@
  * The helpers below are shared by the case functions.  A case that cannot
  * finish (a failed call, an allocation) calls parity_abort(), which returns
  * to the loop: the expansion's checks are reported failed and the next
- * expansion runs (what the aborted case had allocated is left: the run has
- * failed already).
+ * expansion runs.  What a case makes through the helpers is freed by the
+ * loop, finished or aborted (parity_list below).
  */
 #ifndef G4_PARITY_H
 #define G4_PARITY_H
@@ -54,8 +54,37 @@ void		parity_skip(const char *reason) __attribute__((noreturn));
 	parity_op_failed((be), #op); } while (0)
 void		parity_op_failed(g4_backend *be, const char *op) __attribute__((noreturn));
 
+/* ---- what the cases make, freed by the loop ----------------------------------------- */
+
+/*
+ * Host buffers (p_malloc, p_calloc), device buffers (gpu_alloc, gpu_copy)
+ * and weights on either backend (p_weight) are recorded, as they are made,
+ * on the list in use: inside a setup the fixture's, freed when the rows
+ * that share it are done (after the kind's teardown, if any); inside an
+ * expansion the expansion's, freed after it, whether it finished or
+ * aborted.  They are freed the last made first (a CPU weight reads its
+ * host parts).  p_free frees one of them at once: for what a loop makes
+ * again each time round.
+ */
+typedef struct parity_made parity_made;
+
+typedef struct
+{
+	parity_made *made;
+	int			n,
+				cap;
+} parity_list;
+
+/* The list the helpers record on from now on (NULL: none, a case helper
+ * called outside a setup or an expansion aborts). */
+void		parity_list_use(parity_list *l);
+void		parity_list_free(parity_list *l);
+
 void	   *p_malloc(size_t bytes);
 void	   *p_calloc(size_t n, size_t size);
+g4_weight  *p_weight(g4_backend *be, const g4_host_weight *parts, int n_parts);
+/* Free p (NULL: nothing), made on the list in use. */
+void		p_free(void *p);
 
 /* ---- device buffers and step metadata -------------------------------------------- */
 
@@ -63,7 +92,6 @@ void	   *gpu_alloc(size_t bytes);
 void	   *gpu_copy(const void *h, size_t bytes);
 void		gpu_get(void *h, const void *d, size_t bytes);
 void		gpu_put(void *d, const void *h, size_t bytes);
-void		gpu_free(void *d);
 
 /* A one-slot-per-token step: token ids, positions, full ranges. */
 typedef struct
@@ -79,22 +107,14 @@ typedef struct
 } meta_buf;
 
 void		meta_init(meta_buf *b, int n);
-void		meta_free(meta_buf *b);
 g4_step_meta meta_of(const meta_buf *b);
 /* Both backends see the same step metadata. */
 void		both_step(const g4_step_meta *m);
 
 /* ---- random weights in every format, metrics ------------------------------------- */
 
-typedef struct
-{
-	g4_host_weight hw;
-	void	   *data;
-	uint16_t   *scales;
-} host_w;
-
-void		host_w_make(host_w *w, int fmt, int64_t out, int64_t in);
-void		host_w_free(host_w *w);
+/* its data (and scales) on the list in use */
+void		host_weight_make(g4_host_weight *w, int fmt, int64_t out, int64_t in);
 
 /* max |a - ref| relative to max |ref| */
 double		max_rel(const float *a, const float *ref, size_t n);
@@ -243,6 +263,8 @@ typedef struct
 	int			(*describe) (const parity_row *r, int i, char *label, size_t size);
 	/* what the row's expansions share, built once (NULL: nothing) */
 	void	   *(*setup) (const parity_row *r);
+	/* undoes what the setup did besides making on the fixture's list
+	 * (NULL: nothing) */
 	void		(*teardown) (void *fixture);
 	/* expansion i: metric[k] for each check it reports */
 	void		(*run) (const parity_row *r, void *fixture, int i, double *metric);

@@ -127,24 +127,6 @@ pool_make(pool_t *P, const pool_args *a)
 	gpu_be->ops->kv_configure(gpu_be, &P->gpu);
 }
 
-static void
-pool_free(pool_t *P)
-{
-	int			g;
-
-	for (g = 0; g < 2; g++)
-	{
-		free(P->cpu.base[g]);
-		free(P->tables[g]);
-		free(P->knorm[g]);
-		free(P->invf[g]);
-		gpu_free(P->gpu.base[g]);
-		gpu_free(P->gpu.block_tables[g]);
-		gpu_free(P->dknorm[g]);
-		gpu_free(P->dinvf[g]);
-	}
-}
-
 static g4_kv_layer
 layer_of(const pool_t *P, int g, int index, int gpu, float scale)
 {
@@ -165,7 +147,8 @@ layer_of(const pool_t *P, int g, int index, int gpu, float scale)
 
 /* Store random K/V for n tokens (slots/positions in mb) into layer `index`
  * of group g on the CPU and, when `compare`, on the GPU; returns the bytes
- * of the layer that differ. */
+ * of the layer that differ.  Called in a loop (fill_context): frees what it
+ * makes. */
 static size_t
 store_both(pool_t *P, meta_buf *mb, int g, int index, float kstd, int exact16, int compare)
 {
@@ -203,10 +186,10 @@ store_both(pool_t *P, meta_buf *mb, int g, int index, float kstd, int exact16, i
 		gpu_get(got, P->gpu.base[g] + (size_t) index * lbytes, lbytes);
 		for (i = 0; i < lbytes; i++)
 			diff += got[i] != P->cpu.base[g][(size_t) index * lbytes + i];
-		gpu_free(dkv);
+		p_free(dkv);
 	}
-	free(kv);
-	free(got);
+	p_free(kv);
+	p_free(got);
 	return diff;
 }
 
@@ -250,16 +233,6 @@ kv_store_setup(const parity_row *r)
 }
 
 static void
-kv_store_teardown(void *fx)
-{
-	store_fixture *f = fx;
-
-	meta_free(&f->mb);
-	pool_free(&f->P);
-	free(f);
-}
-
-static void
 kv_store_run(const parity_row *r, void *fx, int i, double *metric)
 {
 	store_fixture *f = fx;
@@ -271,7 +244,6 @@ const parity_kind parity_kv_store = {
 	.family = "kv_store",
 	.describe = kv_store_describe,
 	.setup = kv_store_setup,
-	.teardown = kv_store_teardown,
 	.run = kv_store_run,
 };
 
@@ -281,7 +253,8 @@ const parity_kind parity_kv_store = {
 static const int context_len[5] = {1, 37, 1500, 4096, 1100};
 
 /* Fill the first context_len[s] positions of every slot on the CPU pool,
- * copy the pool bytes to the GPU pool (identical attention inputs). */
+ * copy the pool bytes to the GPU pool (identical attention inputs), in
+ * chunks of up to 2,048 tokens (one step's metadata, reused). */
 static void
 fill_context(pool_t *P, int g, int index, int exact16)
 {
@@ -292,12 +265,13 @@ fill_context(pool_t *P, int g, int index, int exact16)
 
 	for (s = 0; s < P->max_seqs; s++)
 		total += context_len[s];
+	meta_init(&mb, G4_MIN(total, 2048));
 	while (k < total)
 	{
 		int			chunk = G4_MIN(total - k, 2048);
 		int			i;
 
-		meta_init(&mb, chunk);
+		mb.n = chunk;
 		for (i = 0; i < chunk; i++, k++)
 		{
 			int			kk = k,
@@ -309,7 +283,6 @@ fill_context(pool_t *P, int g, int index, int exact16)
 			mb.pos[i] = kk;
 		}
 		store_both(P, &mb, g, index, 1.0f, exact16, 0);
-		meta_free(&mb);
 	}
 	gpu_put(P->gpu.base[g] + (size_t) index * P->cpu.layer_stride[g],
 			P->cpu.base[g] + (size_t) index * P->cpu.layer_stride[g], P->cpu.layer_stride[g]);
@@ -444,13 +417,6 @@ attention_setup(const parity_row *r)
 	return P;
 }
 
-static void
-attention_teardown(void *fx)
-{
-	pool_free(fx);
-	free(fx);
-}
-
 /* metric: max |gpu - cpu| relative to max |cpu| of the output */
 static void
 attention_run(const parity_row *r, void *fx, int i, double *metric)
@@ -510,12 +476,6 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 			vmax = fabs((double) oc[k]);
 	}
 	metric[0] = dmax / (vmax > 0 ? vmax : 1.0);
-	gpu_free(dq);
-	gpu_free(dout);
-	meta_free(&mb);
-	free(q);
-	free(oc);
-	free(og);
 }
 
 /* one kind per family, so that each can be run alone (a name each) */
@@ -523,7 +483,6 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 	.family = family_, \
 	.describe = attention_describe, \
 	.setup = attention_setup, \
-	.teardown = attention_teardown, \
 	.run = attention_run, \
 }
 

@@ -96,36 +96,137 @@ parity_op_failed(g4_backend *be, const char *op)
 	parity_abort("%s failed: %s", op, err.msg[0] ? err.msg : "(no message)");
 }
 
-/* ---- allocations and device buffers ------------------------------------------------ */
+/* ---- what the cases make, on the list in use --------------------------------------- */
+
+/* One thing made: a host buffer (be NULL), a buffer or a weight of be. */
+struct parity_made
+{
+	void	   *p;
+	g4_backend *be;
+	int			weight;
+};
+
+static parity_list *in_use;
+
+void
+parity_list_use(parity_list *l)
+{
+	in_use = l;
+}
+
+static void
+unmake(const parity_made *m)
+{
+	if (!m->be)
+		free(m->p);
+	else if (m->weight)
+		m->be->ops->weight_destroy(m->be, m->p);
+	else
+		m->be->ops->free(m->be, m->p);
+}
+
+void
+parity_list_free(parity_list *l)
+{
+	while (l->n > 0)
+		unmake(&l->made[--l->n]);
+	free(l->made);
+	l->made = NULL;
+	l->cap = 0;
+}
+
+/* Room for one more on the list in use, before the thing is made: once
+ * made, recording it cannot fail. */
+static void
+reserve(void)
+{
+	parity_made *grown;
+	int			cap;
+
+	if (!in_use)
+		parity_abort("a case's buffer made outside a setup or an expansion");
+	if (in_use->n < in_use->cap)
+		return;
+	cap = in_use->cap ? 2 * in_use->cap : 32;
+	grown = realloc(in_use->made, (size_t) cap * sizeof(*grown));
+	if (!grown)
+		parity_abort("host allocation of a list of %d buffers failed", cap);
+	in_use->made = grown;
+	in_use->cap = cap;
+}
+
+static void *
+record(void *p, g4_backend *be, int weight)
+{
+	parity_made *m = &in_use->made[in_use->n++];
+
+	m->p = p;
+	m->be = be;
+	m->weight = weight;
+	return p;
+}
+
+void
+p_free(void *p)
+{
+	int			i;
+
+	if (!p)
+		return;
+	for (i = in_use ? in_use->n - 1 : -1; i >= 0 && in_use->made[i].p != p; i--)
+		;
+	if (i < 0)
+		parity_abort("p_free of %p, not made on the list in use", p);
+	unmake(&in_use->made[i]);
+	memmove(&in_use->made[i], &in_use->made[i + 1], (size_t) (in_use->n - i - 1) * sizeof(parity_made));
+	in_use->n--;
+}
 
 void *
 p_malloc(size_t bytes)
 {
-	void	   *p = malloc(bytes);
+	void	   *p;
 
-	if (!p)
+	reserve();
+	if (!(p = malloc(bytes)))
 		parity_abort("host allocation of %zu bytes failed", bytes);
-	return p;
+	return record(p, NULL, 0);
 }
 
 void *
 p_calloc(size_t n, size_t size)
 {
-	void	   *p = calloc(n, size);
+	void	   *p;
 
-	if (!p)
+	reserve();
+	if (!(p = calloc(n, size)))
 		parity_abort("host allocation of %zu x %zu bytes failed", n, size);
-	return p;
+	return record(p, NULL, 0);
 }
+
+g4_weight *
+p_weight(g4_backend *be, const g4_host_weight *parts, int n_parts)
+{
+	g4_weight  *w;
+	g4_err		err;
+
+	reserve();
+	if (be->ops->weight_create(be, parts, n_parts, &w, &err) != G4_OK)
+		parity_abort("weight_create failed on the %s backend: %s", be->ops->name, err.msg);
+	return record(w, be, 1);
+}
+
+/* ---- device buffers ------------------------------------------------------------------ */
 
 void *
 gpu_alloc(size_t bytes)
 {
-	void	   *p = gpu_be->ops->alloc(gpu_be, bytes);
+	void	   *p;
 
-	if (!p)
+	reserve();
+	if (!(p = gpu_be->ops->alloc(gpu_be, bytes)))
 		parity_abort("GPU allocation of %zu bytes failed", bytes);
-	return p;
+	return record(p, gpu_be, 0);
 }
 
 void
@@ -161,12 +262,6 @@ gpu_get(void *h, const void *d, size_t bytes)
 	}
 }
 
-void
-gpu_free(void *d)
-{
-	gpu_be->ops->free(gpu_be, d);
-}
-
 /* ---- step metadata ------------------------------------------------------------------- */
 
 void
@@ -191,22 +286,6 @@ meta_init(meta_buf *b, int n)
 	{
 		b->lo[g] = p_calloc((size_t) n, 4);
 		b->hi[g] = p_calloc((size_t) n, 4);
-	}
-}
-
-void
-meta_free(meta_buf *b)
-{
-	int			g;
-
-	free(b->token);
-	free(b->pos);
-	free(b->slot);
-	free(b->logit_rows);
-	for (g = 0; g < 2; g++)
-	{
-		free(b->lo[g]);
-		free(b->hi[g]);
 	}
 }
 
@@ -242,16 +321,16 @@ put_f16(uint8_t *p, float v)
 }
 
 void
-host_w_make(host_w *w, int fmt, int64_t out, int64_t in)
+host_weight_make(g4_host_weight *w, int fmt, int64_t out, int64_t in)
 {
 	size_t		row = g4_wfmt_row_bytes(fmt, in);
 	size_t		bytes = row * (size_t) out;
 	uint8_t    *d = p_malloc(bytes);
+	uint16_t   *scales = NULL;
 	int64_t		r,
 				i;
 	float		std = 1.0f / sqrtf((float) in);
 
-	memset(w, 0, sizeof(*w));
 	for (i = 0; i < (int64_t) bytes; i++)
 		d[i] = (uint8_t) rnd();
 	switch (fmt)
@@ -269,9 +348,9 @@ host_w_make(host_w *w, int fmt, int64_t out, int64_t in)
 				((uint16_t *) d)[i] = g4_f32_to_bf16(nrm() * std);
 			break;
 		case G4_W_I4G32:
-			w->scales = p_malloc((size_t) out * (size_t) (in / 32) * 2);
+			scales = p_malloc((size_t) out * (size_t) (in / 32) * 2);
 			for (i = 0; i < out * (in / 32); i++)
-				w->scales[i] = g4_f32_to_bf16(std / 4.6f * (float) (0.5 + unif()));
+				scales[i] = g4_f32_to_bf16(std / 4.6f * (float) (0.5 + unif()));
 			break;
 		default:
 			{
@@ -300,19 +379,11 @@ host_w_make(host_w *w, int fmt, int64_t out, int64_t in)
 					}
 			}
 	}
+	w->fmt = fmt;
+	w->out = out;
+	w->in = in;
 	w->data = d;
-	w->hw.fmt = fmt;
-	w->hw.out = out;
-	w->hw.in = in;
-	w->hw.data = d;
-	w->hw.scales = w->scales;
-}
-
-void
-host_w_free(host_w *w)
-{
-	free(w->data);
-	free(w->scales);
+	w->scales = scales;
 }
 
 /* ---- measures ---------------------------------------------------------------------- */

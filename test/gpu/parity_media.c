@@ -80,27 +80,6 @@ embed_ops_setup(const parity_row *r)
 	return f;
 }
 
-static void
-embed_ops_teardown(void *fx)
-{
-	embed_ops_fixture *f = fx;
-
-	gpu_free(f->dx);
-	gpu_free(f->dw);
-	gpu_free(f->db);
-	gpu_free(f->dt);
-	gpu_free(f->dp);
-	gpu_free(f->dy);
-	free(f->x);
-	free(f->w);
-	free(f->b);
-	free(f->table);
-	free(f->yc);
-	free(f->yg);
-	free(f->pos);
-	free(f);
-}
-
 static int
 layernorm_describe(const parity_row *r, int i, char *label, size_t size)
 {
@@ -134,7 +113,6 @@ const parity_kind parity_layernorm = {
 	.family = "media",
 	.describe = layernorm_describe,
 	.setup = embed_ops_setup,
-	.teardown = embed_ops_teardown,
 	.run = layernorm_run,
 };
 
@@ -164,7 +142,6 @@ const parity_kind parity_add_bias_pos2d = {
 	.family = "media",
 	.describe = add_bias_pos2d_describe,
 	.setup = embed_ops_setup,
-	.teardown = embed_ops_teardown,
 	.run = add_bias_pos2d_run,
 };
 
@@ -205,7 +182,6 @@ media_embed_teardown(void *fx)
 
 	g4_model_free(f->mc);
 	g4_model_free(f->mg);
-	free(f);
 }
 
 static void
@@ -235,8 +211,6 @@ media_embed_run(const parity_row *r, void *fx, int i, double *metric)
 	P_OK(g4_model_embed_media(f->mc, &in, rc, &err), &err);
 	P_OK(g4_model_embed_media(f->mg, &in, rg, &err), &err);
 	metric[0] = max_rel(rg, rc, n);
-	free(rc);
-	free(rg);
 	free(data);
 	g4_media_input_free(&in);
 }

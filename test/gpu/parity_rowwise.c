@@ -41,26 +41,25 @@ embed_run(const parity_row *r, void *fx, int i, double *metric)
 	const embed_args *a = &r->a.embed;
 	int			n = a->n;
 	size_t		len = (size_t) n * (size_t) a->dim;
-	host_w		hw;
+	g4_host_weight hw;
 	g4_weight  *wc,
 			   *wg;
 	meta_buf	mb;
 	g4_step_meta m;
-	g4_err		err;
 	float	   *oc = p_malloc(len * 4),
 			   *og = p_malloc(len * 4);
 	float	   *d;
 	int			k;
 
-	host_w_make(&hw, a->fmt, a->vocab, a->dim);
+	host_weight_make(&hw, a->fmt, a->vocab, a->dim);
 	meta_init(&mb, n);
 	for (k = 0; k < n; k++)
 		mb.token[k] = (k % 5 == 3) ? -1 : (int32_t) (rnd() % (uint64_t) a->vocab);
 	mb.token[0] = (int32_t) a->vocab - 1;
 	m = meta_of(&mb);
 	both_step(&m);
-	P_OK(cpu_be->ops->weight_create(cpu_be, &hw.hw, 1, &wc, &err), &err);
-	P_OK(gpu_be->ops->weight_create(gpu_be, &hw.hw, 1, &wg, &err), &err);
+	wc = p_weight(cpu_be, &hw, 1);
+	wg = p_weight(gpu_be, &hw, 1);
 	/* rows with token -1 are the caller's: both keep the sentinel */
 	memset(oc, 0x7f, len * 4);
 	d = gpu_copy(oc, len * 4);
@@ -68,13 +67,6 @@ embed_run(const parity_row *r, void *fx, int i, double *metric)
 	P_RUN(gpu_be, embed, wg, 7.25f, d);
 	gpu_get(og, d, len * 4);
 	metric[0] = count_differing_words(oc, og, len);
-	gpu_free(d);
-	gpu_be->ops->weight_destroy(gpu_be, wg);
-	cpu_be->ops->weight_destroy(cpu_be, wc);
-	host_w_free(&hw);
-	meta_free(&mb);
-	free(oc);
-	free(og);
 }
 
 const parity_kind parity_embed = {
@@ -99,10 +91,9 @@ embed_concat_run(const parity_row *r, void *fx, int i, double *metric)
 {
 	const embed_args *a = &r->a.embed;
 	int			n = a->n;
-	host_w		hw;
+	g4_host_weight hw;
 	g4_weight  *wc,
 			   *wg;
-	g4_err		err;
 	size_t		width = (size_t) a->dim + (size_t) a->h_dim;
 	int32_t    *ids = p_malloc((size_t) n * 4);
 	float	   *h = p_malloc((size_t) n * (size_t) a->h_dim * 4);
@@ -113,13 +104,13 @@ embed_concat_run(const parity_row *r, void *fx, int i, double *metric)
 			   *d;
 	int			k;
 
-	host_w_make(&hw, a->fmt, a->vocab, a->dim);
+	host_weight_make(&hw, a->fmt, a->vocab, a->dim);
 	for (k = 0; k < n; k++)
 		ids[k] = (int32_t) (rnd() % (uint64_t) a->vocab);
 	ids[0] = (int32_t) a->vocab - 1;
 	fill_normal(h, (size_t) n * (size_t) a->h_dim, 3.0f);
-	P_OK(cpu_be->ops->weight_create(cpu_be, &hw.hw, 1, &wc, &err), &err);
-	P_OK(gpu_be->ops->weight_create(gpu_be, &hw.hw, 1, &wg, &err), &err);
+	wc = p_weight(cpu_be, &hw, 1);
+	wg = p_weight(gpu_be, &hw, 1);
 	dids = gpu_copy(ids, (size_t) n * 4);
 	dh = gpu_copy(h, (size_t) n * (size_t) a->h_dim * 4);
 	d = gpu_alloc((size_t) n * width * 4);
@@ -127,16 +118,6 @@ embed_concat_run(const parity_row *r, void *fx, int i, double *metric)
 	P_RUN(gpu_be, embed_concat, wg, 7.25f, dids, dh, a->h_dim, n, d);
 	gpu_get(og, d, (size_t) n * width * 4);
 	metric[0] = count_differing_words(oc, og, (size_t) n * width);
-	gpu_free(d);
-	gpu_free(dh);
-	gpu_free(dids);
-	gpu_be->ops->weight_destroy(gpu_be, wg);
-	cpu_be->ops->weight_destroy(cpu_be, wc);
-	host_w_free(&hw);
-	free(ids);
-	free(h);
-	free(oc);
-	free(og);
 }
 
 const parity_kind parity_embed_concat = {
@@ -206,11 +187,6 @@ argmax_run(const parity_row *r, void *fx, int i, double *metric)
 	for (k = 0; k < n; k++)
 		diff += ic[k] != ig[k];
 	metric[0] = (double) diff;
-	gpu_free(dx);
-	gpu_free(dids);
-	free(x);
-	free(ic);
-	free(ig);
 }
 
 const parity_kind parity_argmax = {
@@ -261,23 +237,6 @@ norm_setup(const parity_row *r)
 	return f;
 }
 
-static void
-norm_teardown(void *fx)
-{
-	norm_fixture *f = fx;
-
-	gpu_free(f->dx);
-	gpu_free(f->dh);
-	gpu_free(f->dw);
-	gpu_free(f->dy);
-	free(f->x);
-	free(f->h);
-	free(f->w);
-	free(f->yc);
-	free(f->yg);
-	free(f);
-}
-
 static int
 rmsnorm_describe(const parity_row *r, int i, char *label, size_t size)
 {
@@ -316,7 +275,6 @@ const parity_kind parity_rmsnorm = {
 	.family = "rowwise",
 	.describe = rmsnorm_describe,
 	.setup = norm_setup,
-	.teardown = norm_teardown,
 	.run = rmsnorm_run,
 };
 
@@ -355,14 +313,12 @@ add_rmsnorm_run(const parity_row *r, void *fx, int i, double *metric)
 		gpu_get(f->yg, f->dh, f->n * 4);
 		metric[1] = max_rel(f->yg, hc, f->n);
 	}
-	free(hc);
 }
 
 const parity_kind parity_add_rmsnorm = {
 	.family = "rowwise",
 	.describe = add_rmsnorm_describe,
 	.setup = norm_setup,
-	.teardown = norm_teardown,
 	.run = add_rmsnorm_run,
 };
 
@@ -414,14 +370,6 @@ head_norm_rope_run(const parity_row *r, void *fx, int i, double *metric)
 									 a->rope ? df : NULL);
 	gpu_get(yg, dx, len * 4);
 	metric[0] = max_rel(yg, x, len);
-	gpu_free(dx);
-	gpu_free(dw);
-	gpu_free(df);
-	meta_free(&mb);
-	free(x);
-	free(yg);
-	free(w);
-	free(f);
 }
 
 const parity_kind parity_head_norm_rope = {
@@ -458,11 +406,6 @@ geglu_run(const parity_row *r, void *fx, int i, double *metric)
 	P_RUN(gpu_be, geglu, dgu, n, ff, dout);
 	gpu_get(og, dout, len * 4);
 	metric[0] = max_rel(og, oc, len);
-	gpu_free(dgu);
-	gpu_free(dout);
-	free(gu);
-	free(oc);
-	free(og);
 }
 
 const parity_kind parity_geglu = {
@@ -493,9 +436,6 @@ softcap_run(const parity_row *r, void *fx, int i, double *metric)
 	P_RUN(gpu_be, softcap, d, len, 30.0f);
 	gpu_get(y, d, len * 4);
 	metric[0] = max_rel(y, x, len);
-	gpu_free(d);
-	free(x);
-	free(y);
 }
 
 const parity_kind parity_softcap = {
@@ -543,12 +483,6 @@ gather_run(const parity_row *r, void *fx, int i, double *metric)
 	P_RUN(gpu_be, gather_logit_rows, dx, dim, dout);
 	gpu_get(og, dout, out);
 	metric[0] = (double) (memcmp(oc, og, out) != 0);
-	gpu_free(dx);
-	gpu_free(dout);
-	meta_free(&mb);
-	free(x);
-	free(oc);
-	free(og);
 }
 
 const parity_kind parity_gather = {

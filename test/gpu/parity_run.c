@@ -20,6 +20,10 @@ static int	n_checks,
 			n_failed,
 			n_listed;
 
+/* What the fixture in use and the expansion running made (parity.h). */
+static parity_list fixture_made,
+			expansion_made;
+
 /* Where parity_abort and parity_skip return to: the loop, around one setup
  * or one expansion (NULL outside them), with why and whether skipped. */
 static jmp_buf *escape;
@@ -123,7 +127,8 @@ report_row_lost(const parity_row *r, int skipped)
 		report_expansion(r, i, nan2);
 }
 
-/* Expansion i of r on fixture fx; an abort reports its checks failed. */
+/* Expansion i of r on fixture fx; an abort reports its checks failed.
+ * What it made is freed either way. */
 static void
 run_expansion(const parity_row *r, void *fx, int i)
 {
@@ -132,6 +137,7 @@ run_expansion(const parity_row *r, void *fx, int i)
 	double		metric[2] = {NAN, NAN};
 
 	escape = &here;
+	parity_list_use(&expansion_made);
 	if (setjmp(here) == 0)
 	{
 		r->kind->run(r, fx, i, metric);
@@ -144,10 +150,13 @@ run_expansion(const parity_row *r, void *fx, int i)
 		printf("    %s: %s\n", r->check[0].op, escape_reason);
 		report_expansion(r, i, nan2);
 	}
+	parity_list_use(NULL);
+	parity_list_free(&expansion_made);
 }
 
 /* The fixture of r: built by its setup, NULL where it has none; *lost: 1
- * when the setup aborted, 2 when it skipped the row. */
+ * when the setup aborted, 2 when it skipped the row (what it had made is
+ * freed). */
 static void *
 setup_row(const parity_row *r, int *lost)
 {
@@ -158,12 +167,25 @@ setup_row(const parity_row *r, int *lost)
 	if (!r->kind->setup)
 		return NULL;
 	escape = &here;
+	parity_list_use(&fixture_made);
 	if (setjmp(here) == 0)
 		fx = r->kind->setup(r);
 	else
 		*lost = escape_skips ? 2 : 1;
 	escape = NULL;
+	parity_list_use(NULL);
+	if (*lost)
+		parity_list_free(&fixture_made);
 	return fx;
+}
+
+/* The fixture fx of owner is done with: its teardown, then what it made. */
+static void
+drop_fixture(const parity_row *owner, void *fx)
+{
+	if (fx && owner->kind->teardown)
+		owner->kind->teardown(fx);
+	parity_list_free(&fixture_made);
 }
 
 void
@@ -190,8 +212,7 @@ parity_run_family(const char *family)
 		}
 		if (owner && !(r->share && owner->share == r->share && owner->kind == r->kind))
 		{
-			if (fx)
-				owner->kind->teardown(fx);
+			drop_fixture(owner, fx);
 			fx = NULL;
 			owner = NULL;
 		}
@@ -211,8 +232,8 @@ parity_run_family(const char *family)
 			run_expansion(r, fx, i);
 		fflush(stdout);
 	}
-	if (fx)
-		owner->kind->teardown(fx);
+	if (owner)
+		drop_fixture(owner, fx);
 }
 
 void

@@ -108,10 +108,6 @@ sample_case(const float *rows, int n, int vocab, const sample_setting *s, int n_
 		}
 	}
 	g4_sampler_scratch_free(&sc);
-	gpu_free(d);
-	free(row);
-	free(rs);
-	free(ids);
 	return bad;
 }
 
@@ -177,12 +173,6 @@ sample_setup(const parity_row *r)
 }
 
 static void
-sample_teardown(void *fx)
-{
-	free(fx);
-}
-
-static void
 sample_run(const parity_row *r, void *fx, int i, double *metric)
 {
 	const sample_args *a = &r->a.sample;
@@ -209,7 +199,6 @@ const parity_kind parity_sample = {
 	.family = "sample",
 	.describe = sample_describe,
 	.setup = sample_setup,
-	.teardown = sample_teardown,
 	.run = sample_run,
 };
 
@@ -250,12 +239,6 @@ sample_twice_run(const parity_row *r, void *fx, int i, double *metric)
 	P_RUN(gpu_be, sample, d, n, vocab, NULL, 0, rs, a);
 	P_RUN(gpu_be, sample, d2, n, vocab, NULL, 0, rs, b);
 	metric[0] = (double) (memcmp(a, b, (size_t) n * 4) != 0);
-	gpu_free(d);
-	gpu_free(d2);
-	free(l);
-	free(rs);
-	free(a);
-	free(b);
 }
 
 const parity_kind parity_sample_twice = {
