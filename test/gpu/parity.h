@@ -113,7 +113,8 @@ void		both_step(const g4_step_meta *m);
 
 /* ---- random weights in every format, metrics ------------------------------------- */
 
-/* its data (and scales) on the list in use */
+/* A random weight [out][in] in format fmt, its data (and scales) made on
+ * the list in use. */
 void		host_weight_make(g4_host_weight *w, int fmt, int64_t out, int64_t in);
 
 /* max |a - ref| relative to max |ref| */
