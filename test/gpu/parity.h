@@ -57,14 +57,14 @@ void		parity_op_failed(g4_backend *be, const char *op) __attribute__((noreturn))
 /* ---- what the cases make, freed by the loop ----------------------------------------- */
 
 /*
- * Host buffers (p_malloc, p_calloc), device buffers (gpu_alloc, gpu_copy)
- * and weights on either backend (p_weight) are recorded, as they are made,
- * on the list in use: inside a setup the fixture's, freed when the rows
- * that share it are done (after the kind's teardown, if any); inside an
- * expansion the expansion's, freed after it, whether it finished or
- * aborted.  They are freed the last made first (a CPU weight reads its
- * host parts).  p_free frees one of them at once: for what a loop makes
- * again each time round.
+ * Host buffers (p_malloc, p_calloc: meta_init's and host_weight_make's
+ * among them), device buffers (gpu_alloc, gpu_copy) and weights on either
+ * backend (p_weight) are recorded, as they are made, on the list in use:
+ * inside a setup the fixture's, freed when the rows that share it are done
+ * (after the kind's teardown, if any); inside an expansion the
+ * expansion's, freed after it, whether it finished or aborted.  They are
+ * freed the last made first (a CPU weight reads its host parts).  p_free
+ * frees one of them at once: for what a loop makes again each time round.
  */
 typedef struct parity_made parity_made;
 
