@@ -784,10 +784,12 @@ typedef struct
 
 /*
  * The choice, by shape (figures: test/bench/RESULTS.md):
- *  - decode kernel: turboquant head_dim 256 without k_eq_v and steps whose
- *    tokens are each a tile of their own (every sequence decodes one
- *    token).  G4_ATTN_DECODE=off turns it off, so benchmarks can time the
- *    kernels it replaces on the same shapes;
+ *  - decode kernels: turboquant head_dim 256 without k_eq_v
+ *    (attention_decode.cu) and head_dim 512 with k_eq_v, up to 16 query
+ *    heads per KV head (attention_decode_full.cu), on steps whose tokens
+ *    are each a tile of their own (every sequence decodes one token).
+ *    G4_ATTN_DECODE=off turns them off, so benchmarks can time the kernels
+ *    they replace on the same shapes;
  *  - prefill kernel (attention_prefill.cu): head_dim 256 without k_eq_v,
  *    where the device holds its shared memory and the step has 64 tokens
  *    or more in tiles a quarter full on average (prefill chunks: a 2k
@@ -828,7 +830,7 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 	ch->min_keys = ATTN_SPLIT_MIN_KEYS;
 	if (c->n_tiles[G4C_TPC_LEVELS - 1] == n && !(dec_env && strcmp(dec_env, "off") == 0))
 	{
-		ch->fn = attn_decode_kernel_for(hd, dtype, L->k_eq_v, gq, &ch->smem);
+		ch->fn = attn_decode_kernel_for(hd, dtype, L->k_eq_v, gq, n * L->n_kv_heads, c->sm_count, &ch->smem);
 		if (ch->fn)
 		{
 			ch->name = "attention (decode)";
@@ -838,6 +840,20 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 			ch->per_sm = 4;
 			ch->waves = 1;
 			ch->min_keys = 4 * G4_KV_BLOCK_TOKENS;	/* a pool block for each warp */
+			return G4_OK;
+		}
+		ch->fn = attn_decode_full_kernel_for(hd, dtype, L->k_eq_v, gq, &ch->smem);
+		if (ch->fn)
+		{
+			ch->name = "attention (decode, k_eq_v)";
+			ch->threads = 128;
+			ch->rows = gq;
+			ch->level = -1;
+			ch->per_sm = 2;		/* its shared memory holds two */
+			ch->waves = 1;
+			/* four chunks of 64 keys: a split's partial rows (16 x 514
+			 * floats, written and merged) cost what ~128 keys of the pool do */
+			ch->min_keys = 16 * G4_KV_BLOCK_TOKENS;
 			return G4_OK;
 		}
 	}

@@ -249,6 +249,17 @@ attn_finish_token(const attn_args &a, const float *ws, float *qs, int split, int
 		a.out[(size_t) t * a.out_stride + (size_t) g * gq * HD + q] = qs[q];
 }
 
+/* Two int8 codes (bytes sel of w) as an exact f16 pair: 0x64XX is 1024 + XX,
+ * and XX = code + 128 after the sign flip. */
+__device__ __forceinline__ uint32_t
+i8x2_to_f16x2(uint32_t w_flipped, uint32_t sel)
+{
+	uint32_t	h = __byte_perm(w_flipped, 0x64u, sel);
+	__half2		x = __hsub2(*reinterpret_cast<__half2 *>(&h), __half2half2(__ushort_as_half(0x6480)));	/* 1152 */
+
+	return *reinterpret_cast<uint32_t *>(&x);
+}
+
 /* ==== tensor-core tiles ============================================================ */
 
 /* Byte offset of element (row, d) of a 16-bit [rows][HD] tile whose 16-byte
@@ -564,8 +575,13 @@ tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, K
 	}
 }
 
-/* attention_decode.cu: the decode kernel for this geometry, or NULL; *smem
- * its dynamic shared memory. */
-attn_kernel_fn attn_decode_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *smem);
+/* attention_decode.cu: the decode kernel for this geometry and `groups`
+ * (token, KV head) pairs on sm_count SMs, or NULL; *smem its dynamic
+ * shared memory. */
+attn_kernel_fn attn_decode_kernel_for(int hd, int dtype, int k_eq_v, int gq, int groups, int sm_count, int *smem);
+
+/* attention_decode_full.cu: the decode kernel of k_eq_v layers for this
+ * geometry, or NULL; *smem its dynamic shared memory. */
+attn_kernel_fn attn_decode_full_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *smem);
 
 #endif

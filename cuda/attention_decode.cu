@@ -75,17 +75,6 @@ dec_load(const uint8_t *hb, int gr, int tq, dec_raw<HD> &r)
 	}
 }
 
-/* Two int8 codes (bytes sel of w) as an exact f16 pair: 0x64XX is 1024 + XX,
- * and XX = code + 128 after the sign flip. */
-__device__ __forceinline__ uint32_t
-i8x2_to_f16x2(uint32_t w_flipped, uint32_t sel)
-{
-	uint32_t	h = __byte_perm(w_flipped, 0x64u, sel);
-	__half2		x = __hsub2(*reinterpret_cast<__half2 *>(&h), __half2half2(__ushort_as_half(0x6480)));	/* 1152 */
-
-	return *reinterpret_cast<uint32_t *>(&x);
-}
-
 /* Value codes (4 bits at bit 1..4 of each half, after a shift) as the f16
  * pair (2c − 15)·scale: 0x6400 | 2c is 1024 + 2c, minus 1039 exactly, then
  * one rounding in the product. */
@@ -289,8 +278,9 @@ dec_store_state(const dec_state<HD> &st, float *ws, int warp, int gq, int gr, in
 	}
 }
 
-template <int HD>
-__global__ void __launch_bounds__(DEC_WARPS * 32)
+/* MINB: blocks per SM the registers must allow (attn_decode_kernel_for) */
+template <int HD, int MINB>
+__global__ void __launch_bounds__(DEC_WARPS * 32, MINB)
 attn_decode_kernel(attn_args a)
 {
 	extern __shared__ __align__(16) unsigned char sm_raw[];
@@ -375,11 +365,21 @@ attn_decode_kernel(attn_args a)
 	attn_finish_token(a, ws, qs, split, DEC_WARPS, HD, t, g);
 }
 
+/*
+ * Two builds of one kernel: held to 168 registers an SM holds 3 blocks;
+ * held to 128 (64 bytes spilled) it holds 4.  With
+ * `groups` (token, KV head) pairs to serve, 4 per SM pay where the step
+ * fills a wave of 3 per SM without splitting (64 sequences of Gemma 4:
+ * 113.7 -> 89.8 us per sliding layer), and cost where it does not (16:
+ * 38.8 -> 42.2 us, more splits merged); run 42, test/bench/RESULTS.md.
+ */
 attn_kernel_fn
-attn_decode_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *smem)
+attn_decode_kernel_for(int hd, int dtype, int k_eq_v, int gq, int groups, int sm_count, int *smem)
 {
 	if (dtype != G4_KV_TURBOQUANT_K8V4 || k_eq_v || gq < 1 || gq > 8 || hd != 256)
 		return NULL;
 	*smem = (gq * hd + DEC_WARPS * gq * (hd + 2)) * (int) sizeof(float);
-	return attn_decode_kernel<256>;
+	if (groups >= 3 * sm_count)
+		return attn_decode_kernel<256, 4>;
+	return attn_decode_kernel<256, 3>;
 }

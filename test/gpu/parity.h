@@ -195,14 +195,16 @@ typedef struct
 } sample_args;
 
 /* A KV pool: f32/bf16/turboquant, the 12B's layer groups or small ones,
- * f16-exact values, query heads (0: the pool's) */
+ * f16-exact values, query heads (0: the pool's), RoPE over every pair of
+ * the full layers (else proportional, as Gemma 4's) */
 typedef struct
 {
 	int			dtype,
 				small,
 				exact16,
 				group,			/* the layer group attended over */
-				heads;
+				heads,
+				full_rope;
 } pool_args;
 
 typedef struct

@@ -116,7 +116,7 @@ pool_make(pool_t *P, const pool_args *a)
 		P->invf[g] = p_malloc((size_t) P->hd[g] / 2 * 4);
 		for (i = 0; i < (size_t) P->hd[g]; i++)
 			P->knorm[g][i] = 1.0f + 0.2f * nrm();
-		inv_freq_for(P->hd[g], g == 1, g == 1 ? 1e6 : 1e4, P->invf[g]);
+		inv_freq_for(P->hd[g], g == 1 && !a->full_rope, g == 1 ? 1e6 : 1e4, P->invf[g]);
 		P->dknorm[g] = gpu_copy(P->knorm[g], (size_t) P->hd[g] * 4);
 		P->dinvf[g] = gpu_copy(P->invf[g], (size_t) P->hd[g] / 2 * 4);
 	}
@@ -387,8 +387,9 @@ attention_describe(const parity_row *r, int i, char *label, size_t size)
 				keqv;
 
 	pool_geometry(a->small, a->group, &hd, &nkv, &keqv);
-	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
-			 keqv ? " k_eq_v" : "", st->name, st->n[a->group], a->exact16 ? " exact-in" : "");
+	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
+			 keqv ? " k_eq_v" : "", st->name, st->n[a->group], a->exact16 ? " exact-in" : "",
+			 a->full_rope ? " full-rope" : "");
 	return 1;
 }
 

@@ -266,9 +266,9 @@ const parity_row parity_table[] = {
 
 	/*
 	 * ---- attention ----
-	 * Which kernel runs (choose_kernel, attention.cu): the decode kernel
-	 * for turboquant head_dim 256 without k_eq_v when every token is its
-	 * own sequence's; the prefill kernel for head_dim 256 without k_eq_v on
+	 * Which kernel runs (choose_kernel, attention.cu): the decode kernels
+	 * for turboquant head_dim 256 without k_eq_v and head_dim 512 with it
+	 * when every token is its own sequence's; the prefill kernel for head_dim 256 without k_eq_v on
 	 * steps of 64 tokens or more in tiles a quarter full (G4_ATTN=tc keeps
 	 * the tensor-core kernel: the same bound); tensor cores for the 12B's
 	 * head dims when there are 8 query heads per KV head or more (the full
@@ -312,8 +312,10 @@ const parity_row parity_table[] = {
 	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
-	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(ALL_STEPS),
-	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 6},
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	 CHECK1("attention(decode)", 0.1, WHY_DECODE), .share = 6},
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1),
+	 EACH(ATT_PREFILL_DECODE, ATT_PREFILL_SHORT, ATT_PREFILL_LONG), CHECK1("attention(tc)", 0.1, WHY_TC), .share = 6},
 
 	/* f16-exact inputs (seed 12; decoded turboquant values are not) */
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_DECODE_1),
@@ -344,6 +346,15 @@ const parity_row parity_table[] = {
 	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 64), EACH(ATT_DECODE_1, ATT_DECODE_4),
 	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	/* the k_eq_v decode kernel (full layers: one KV head) with fewer query
+	 * heads than its 16 rows, at 16, and with every pair rotated (its
+	 * rebuilding path for every piece group) */
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16, .group = 1, .full_rope = 1),
+	 EACH(ATT_DECODE_1, ATT_DECODE_4), CHECK1("attention(decode)", 0.1, WHY_DECODE)},
 
 	/* ---- the media embedders' operations (seed 41): a layer norm (out of
 	 * place and in place), then bias and 2-D positions ---- */

@@ -1,0 +1,532 @@
+/*
+ * attention_decode_full.cu — attention of one query token per block over
+ * the turboquant_k8v4 pool on layers whose key derives from the value
+ * (k_eq_v: Gemma 4's full layers, head_dim 512, one KV head for 16 query
+ * heads), on tensor cores.
+ *
+ * The stored vector v = s·c (int8 codes c, one f16 scale s per key) serves
+ * as the value and, through K = RoPE(v ⊙ k_norm), as the key.  Both are
+ * linear in c, so the scale stays out of the MMA operands: the scores are
+ * taken against K' = RoPE(c ⊙ k_norm) and multiplied by s, and the values
+ * enter as the codes themselves (exact in f16) against the probabilities
+ * times s.  Where a pair of dims is not rotated (proportional RoPE leaves
+ * three quarters of them alone) k_norm is folded into the query, so those
+ * key elements are the codes too; only the rotated pairs pay for the
+ * rebuild, with the same float32 angle as every other kernel.
+ *
+ * A block takes one (token, KV head, split) and walks its keys in chunks
+ * of DF_WARPS 16-key pool blocks, each chunk staged into shared memory by
+ * cp.async while the previous one is computed:
+ *   scores   warp w takes pool block w: S[row][key] = Q'·K'ᵀ over all of
+ *            head_dim (query rows as the MMA's 16 rows, keys as columns);
+ *   softmax  the chunk's row maxima meet in shared memory, each warp turns
+ *            its scores into probabilities P' = p·s (f16, the value MMA's
+ *            A fragments) and row sums;
+ *   values   warp w owns head_dim/DF_WARPS output dims and adds P'·C for
+ *            every key of the chunk.
+ * Every warp so keeps the same running max and sum of every row and a
+ * quarter of the output: three barriers per chunk, no state to merge at
+ * the end.  Splits write the partial format attn_merge_kernel combines.
+ *
+ * Shared memory holds a key's 16-byte pieces XOR-swizzled by the key, so
+ * that both access patterns (a thread's pieces of one key in the score
+ * phase, one piece of four keys in the value phase) are conflict-free.
+ */
+#include "attention.cuh"
+
+#define DF_WARPS 4
+#define DF_KEYS (DF_WARPS * G4_KV_BLOCK_TOKENS)	/* keys of a chunk */
+#define DF_ROWS 16				/* query rows: the MMA's M (gq <= 16) */
+
+template <int HD>
+struct df_geom
+{
+	static_assert(HD / DF_WARPS == 128, "a warp's output dims are eight 16-byte pieces, one per lane row");
+	static constexpr int HALF = HD / 2;
+	static constexpr int GROUPS = HALF / 64;	/* piece groups of a half: pieces 4i + tq */
+	static constexpr int KSTEPS = HD / 16;
+	static constexpr int NT = HD / DF_WARPS / 8;	/* value n-tiles of a warp */
+	static constexpr int CODES = DF_KEYS * HD;
+	static constexpr int STAGE = CODES + DF_KEYS * 2;	/* codes, then the f16 scales */
+	static constexpr int QF = KSTEPS * 32 * 16;	/* the query's A fragments */
+	static constexpr int SMEM = 2 * STAGE + QF + HALF * 16 + DF_WARPS * 32 * 16 + 2 * DF_WARPS * DF_ROWS * 4;
+};
+
+/* Where piece p (16 bytes) of chunk key k lies in its row. */
+__device__ __forceinline__ int
+df_piece(int k, int p)
+{
+	return p ^ ((k & 6) ^ ((k & 1) << 2));
+}
+
+/* Issue the copies of the chunk of pool blocks [cb, cb + DF_WARPS) ∩ [.., b_end)
+ * into stage (one cp.async group); bit kb of the result: block cb + kb is
+ * there.  A block of the range missing from the table is flagged. */
+template <int HD>
+__device__ __forceinline__ unsigned
+df_issue(const attn_args &a, int slot, int g, int cb, int b_end, uint8_t *stage)
+{
+	using G = df_geom<HD>;
+	constexpr int PER_BLOCK = G4_KV_BLOCK_TOKENS * HD / 16 + 2;	/* pieces: codes, scales */
+	const uint8_t *hb[DF_WARPS];
+	unsigned	ok = 0;
+
+	/* the table entries first, all in flight together */
+#pragma unroll
+	for (int kb = 0; kb < DF_WARPS; kb++)
+	{
+		hb[kb] = cb + kb < b_end ? kv_head_block(a, slot, (cb + kb) * G4_KV_BLOCK_TOKENS, g) : NULL;
+		if (hb[kb])
+			ok |= 1u << kb;
+		else if (cb + kb < b_end && threadIdx.x == 0)
+			atomicOr(a.status, G4C_STATUS_KV_MISSING);
+	}
+	for (int i = threadIdx.x; i < DF_WARPS * PER_BLOCK; i += blockDim.x)
+	{
+		int			kb = i / PER_BLOCK,
+					r = i % PER_BLOCK;
+		/* selects, not an indexed local array */
+		const uint8_t *src = kb == 0 ? hb[0] : kb == 1 ? hb[1] : kb == 2 ? hb[2] : hb[3];
+
+		static_assert(DF_WARPS == 4, "the select above names each block");
+		if (!src)
+			continue;
+		if (r < PER_BLOCK - 2)
+		{
+			int			key = r / (HD / 16),
+						p = r % (HD / 16),
+						k = kb * G4_KV_BLOCK_TOKENS + key;
+
+			g4c_cp_async16(stage + (size_t) k * HD + 16 * df_piece(k, p), src + (size_t) key * HD + 16 * p, true);
+		}
+		else
+			g4c_cp_async16(stage + G::CODES + kb * 32 + 16 * (r - (PER_BLOCK - 2)),
+						   src + g4_kv_tq_kscale_off(HD) + 16 * (r - (PER_BLOCK - 2)), true);
+	}
+	g4c_cp_async_commit();
+	return ok;
+}
+
+/*
+ * The query rows as A fragments, in the order the score phase reads them:
+ * k-step s = 8i + u, lane (gr, tq), registers {row gr, row gr + 8} × {lower
+ * dims ℓ, ℓ + 1 | upper dims ℓ + HD/2, ℓ + HD/2 + 1}, ℓ = 16(4i + tq) + 2u
+ * (a lane's key elements of a k-step are then two bytes of its piece 4i +
+ * tq of each half).  k_norm is folded in where the pair is not rotated;
+ * rows past gq are zeros.  Read in memory order, written where they go.
+ */
+template <int HD>
+__device__ __forceinline__ void
+df_query_fragments(const attn_args &a, int t, int g, const float4 *rope, uint32_t *qf)
+{
+	const float *q = a.q + (size_t) t * a.q_stride + (size_t) g * a.gq * HD;
+
+#pragma unroll 4
+	for (int e = threadIdx.x; e < DF_ROWS * HD / 2; e += blockDim.x)
+	{
+		int			row = e / (HD / 2),
+					d0 = 2 * (e % (HD / 2));
+		int			upper = d0 >= HD / 2,
+					l0 = d0 - upper * (HD / 2);
+		int			piece = l0 / 16;
+		int			s = 8 * (piece / 4) + (l0 % 16) / 2;
+		int			lane = 4 * (row % 8) + piece % 4;
+		float2		x = make_float2(0.0f, 0.0f);
+
+		if (row < a.gq)
+		{
+			float4		r0 = rope[l0],
+						r1 = rope[l0 + 1];
+
+			x = *reinterpret_cast<const float2 *>(q + (size_t) row * HD + d0);
+			if (r0.x == 0.0f)
+				x.x *= upper ? r0.z : r0.y;
+			if (r1.x == 0.0f)
+				x.y *= upper ? r1.z : r1.y;
+		}
+		qf[(s * 32 + lane) * 4 + row / 8 + 2 * upper] = g4c_pack_f16(x.x, x.y);
+	}
+}
+
+/* The key elements of one k-step for one key: dims ℓ, ℓ + 1 (b0) and
+ * their partners ℓ + HD/2, ℓ + HD/2 + 1 (b1), from the f16 codes; a
+ * rotated pair becomes RoPE(c ⊙ k_norm) at position p.  rope[ℓ] = {inverse
+ * frequency, k_norm at ℓ, at ℓ + HD/2}. */
+__device__ __forceinline__ void
+df_rotate_pairs(uint32_t &b0, uint32_t &b1, int l0, int p, const float4 *rope)
+{
+	float2		lo = __half22float2(__halves2half2(__ushort_as_half((unsigned short) (b0 & 0xFFFFu)),
+												  __ushort_as_half((unsigned short) (b0 >> 16))));
+	float2		hi = __half22float2(__halves2half2(__ushort_as_half((unsigned short) (b1 & 0xFFFFu)),
+												  __ushort_as_half((unsigned short) (b1 >> 16))));
+	float		kx[2] = {lo.x, lo.y},
+				ky[2] = {hi.x, hi.y};
+
+#pragma unroll
+	for (int j = 0; j < 2; j++)
+	{
+		float4		r = rope[l0 + j];
+		float		x = kx[j],
+					y = ky[j];
+
+		if (r.x != 0.0f)
+			keqv_key_pair(x, y, r.y, r.z, r.x, p, &kx[j], &ky[j]);
+	}
+	b0 = g4c_pack_f16(kx[0], kx[1]);
+	b1 = g4c_pack_f16(ky[0], ky[1]);
+}
+
+/* Word j of a piece (selects, not an indexed local array) */
+__device__ __forceinline__ uint32_t
+df_word(const uint4 &p, int j)
+{
+	return j == 0 ? p.x : j == 1 ? p.y : j == 2 ? p.z : p.w;
+}
+
+/* One piece group i of the scores (k-steps 8i .. 8i + 7) into sc[k-step
+ * parity]: ROT when a pair of the group is rotated for some lane
+ * (warp-uniform, so that the plain groups carry no rebuild code). */
+template <int HD, bool ROT>
+__device__ __forceinline__ void
+df_scores_group(const uint8_t *stage, const uint32_t *qf, const float4 *rope, int warp, int pos0, int lane, int i,
+				float sc[2][2][4])
+{
+	int			gr = lane >> 2,
+				tq = lane & 3;
+	uint4		w[2][2];			/* [key gr, gr + 8][lower, upper piece] */
+
+#pragma unroll
+	for (int nt = 0; nt < 2; nt++)
+	{
+		int			k = warp * G4_KV_BLOCK_TOKENS + 8 * nt + gr;
+
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+		{
+			w[nt][h] = *reinterpret_cast<const uint4 *>(stage + (size_t) k * HD +
+														16 * df_piece(k, h * (HD / 32) + 4 * i + tq));
+			w[nt][h].x ^= 0x80808080u;
+			w[nt][h].y ^= 0x80808080u;
+			w[nt][h].z ^= 0x80808080u;
+			w[nt][h].w ^= 0x80808080u;
+		}
+	}
+	/* the rebuild is long: one pair of k-steps' code serves the group's
+	 * eight (the instruction cache holds the kernel only so) */
+#pragma unroll (ROT ? 2 : 8)
+	for (int u = 0; u < 8; u++)
+	{
+		int			s = 8 * i + u;
+		int			l0 = 16 * (4 * i + tq) + 2 * u;
+		uint4		qa = *reinterpret_cast<const uint4 *>(qf + (size_t) (s * 32 + lane) * 4);
+		uint32_t	a[4] = {qa.x, qa.y, qa.z, qa.w};
+		/* bytes 2u, 2u + 1 of the piece: byte pair u % 2 of word u / 2 */
+		uint32_t	sel = (u & 1) ? 0x4342u : 0x4140u;
+
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+		{
+			uint32_t	b0 = i8x2_to_f16x2(df_word(w[nt][0], u >> 1), sel),
+						b1 = i8x2_to_f16x2(df_word(w[nt][1], u >> 1), sel);
+
+			if (ROT)
+				df_rotate_pairs(b0, b1, l0, pos0 + 8 * nt + gr, rope);
+			/* two accumulators per key tile: chains half as long */
+			g4c_mma_f16(sc[u & 1][nt], a, b0, b1);
+		}
+	}
+}
+
+/* Scores of the warp's pool block: sc[nt] = S[rows gr, gr + 8][keys 8nt +
+ * 2tq, + 1] (unscaled), from the chunk's codes in stage; bit i of rot:
+ * group i has rotated pairs. */
+template <int HD>
+__device__ __forceinline__ void
+df_scores(const uint8_t *stage, const uint32_t *qf, const float4 *rope, int warp, int pos0, int lane, unsigned rot,
+		  float sc[2][4])
+{
+	float		acc[2][2][4] = {};
+
+#pragma unroll 1
+	for (int i = 0; i < df_geom<HD>::GROUPS; i++)
+	{
+		if ((rot >> i) & 1)
+			df_scores_group<HD, true>(stage, qf, rope, warp, pos0, lane, i, acc);
+		else
+			df_scores_group<HD, false>(stage, qf, rope, warp, pos0, lane, i, acc);
+	}
+#pragma unroll
+	for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			sc[nt][e] = acc[0][nt][e] + acc[1][nt][e];
+}
+
+/* f16 pair {code of x's byte j, code of y's byte j} (two keys, one dim) */
+__device__ __forceinline__ uint32_t
+df_code_pair(uint32_t x, uint32_t y, int j)
+{
+	uint32_t	h = (__byte_perm(x, y, (uint32_t) j | ((uint32_t) (4 + j) << 8)) & 0x00FF00FFu) ^ 0x64806480u;
+	__half2		v = __hsub2(*reinterpret_cast<__half2 *>(&h), __half2half2(__ushort_as_half(0x6480)));	/* 1152 */
+
+	return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* O[rows gr, gr + 8][the warp's dims] += P'·C over the chunk's keys: value
+ * n-tile j column gr = dim HD/4·warp + 16gr + j (byte j of the lane's
+ * piece), so o[j] holds dims HD/4·warp + 32tq + j and that + 16. */
+template <int HD>
+__device__ __forceinline__ void
+df_values(const uint8_t *stage, const uint4 *pf, int warp, int lane, float o[][4])
+{
+	int			gr = lane >> 2,
+				tq = lane & 3;
+
+#pragma unroll 1
+	for (int kb = 0; kb < DF_WARPS; kb++)
+	{
+		uint4		pa = pf[kb * 32 + lane];
+		uint32_t	a[4] = {pa.x, pa.y, pa.z, pa.w};
+		uint32_t	v[4][4];		/* keys 2tq, 2tq + 1, 2tq + 8, 2tq + 9 */
+
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+		{
+			int			k = kb * G4_KV_BLOCK_TOKENS + 2 * tq + (j & 1) + 8 * (j >> 1);
+			uint4		x = *reinterpret_cast<const uint4 *>(stage + (size_t) k * HD + 16 * df_piece(k, (HD / 64) * warp + gr));
+
+			v[j][0] = x.x;
+			v[j][1] = x.y;
+			v[j][2] = x.z;
+			v[j][3] = x.w;
+		}
+#pragma unroll
+		for (int j = 0; j < HD / DF_WARPS / 8; j++)
+			g4c_mma_f16(o[j], a, df_code_pair(v[0][j >> 2], v[1][j >> 2], j & 3),
+						df_code_pair(v[2][j >> 2], v[3][j >> 2], j & 3));
+	}
+}
+
+/* Two stages: the next chunk loads while this one is computed (two blocks
+ * per SM; one stage and three blocks per SM measured slower at 16
+ * sequences, 77 -> 97 us per layer, run 44). */
+template <int HD>
+__global__ void __launch_bounds__(DF_WARPS * 32, 2)
+attn_decode_full_kernel(attn_args a)
+{
+	using G = df_geom<HD>;
+	extern __shared__ __align__(16) unsigned char sm_raw[];
+	uint8_t    *stages = sm_raw;	/* [2][STAGE] */
+	uint32_t   *qf = reinterpret_cast<uint32_t *>(sm_raw + 2 * G::STAGE);
+	float4	   *rope = reinterpret_cast<float4 *>(sm_raw + 2 * G::STAGE + G::QF);	/* [HD / 2] */
+	uint4	   *pf = reinterpret_cast<uint4 *>(rope + G::HALF);	/* [warps][32 lanes] */
+	float	   *mx = reinterpret_cast<float *>(pf + DF_WARPS * 32);	/* [warps][rows] */
+	float	   *sums = mx + DF_WARPS * DF_ROWS;	/* [warps][rows] */
+	int			t = blockIdx.x / a.n_kv;
+	int			g = blockIdx.x % a.n_kv;
+	int			split = blockIdx.y;
+	int			lane = threadIdx.x & 31;
+	int			warp = threadIdx.x >> 5;
+	int			gr = lane >> 2,
+				tq = lane & 3;
+	int			lo,
+				hi,
+				slot,
+				b_begin,
+				b_end,
+				klo,
+				khi,
+				chunks;
+	unsigned	ok_cur = 0,
+				ok_next = 0,
+				rot = 0;		/* bit i: piece group i has rotated pairs (df_scores) */
+	float		o[G::NT][4];
+	float		m[2] = {-INFINITY, -INFINITY},	/* rows gr, gr + 8 */
+				l[2] = {0.0f, 0.0f};
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	lo = a.lo[t];
+	hi = a.hi[t];
+	slot = a.slot[t];
+	{
+		/* this split's share of the pool blocks covering [lo, hi) */
+		int			b_lo = lo / G4_KV_BLOCK_TOKENS;
+		int			b_hi = hi > lo ? (hi - 1) / G4_KV_BLOCK_TOKENS + 1 : b_lo;
+		int			per = (b_hi - b_lo + a.S - 1) / a.S;
+
+		b_begin = b_lo + split * per;
+		b_end = min(b_hi, b_begin + per);
+		klo = max(lo, b_begin * G4_KV_BLOCK_TOKENS);
+		khi = min(hi, b_end * G4_KV_BLOCK_TOKENS);
+		chunks = b_end > b_begin ? (b_end - b_begin + DF_WARPS - 1) / DF_WARPS : 0;
+	}
+	if (chunks > 0)
+		ok_cur = df_issue<HD>(a, slot, g, b_begin, b_end, stages);
+	for (int i = threadIdx.x; i < G::HALF; i += blockDim.x)
+		rope[i] = make_float4(a.inv_freq[i], a.knorm[i], a.knorm[i + G::HALF], 0.0f);
+	__syncthreads();
+	df_query_fragments<HD>(a, t, g, rope, qf);
+	for (int i = 0; i < G::GROUPS; i++)
+	{
+		bool		r = false;
+
+		for (int j = 0; j < 16; j++)
+			r |= rope[16 * (4 * i + tq) + j].x != 0.0f;
+		rot |= (unsigned) __any_sync(0xffffffffu, r) << i;
+	}
+#pragma unroll
+	for (int j = 0; j < G::NT; j++)
+		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+	for (int c = 0; c < chunks; c++)
+	{
+		int			cb = b_begin + c * DF_WARPS;
+		const uint8_t *stage = stages + (c & 1) * G::STAGE;
+		const uint16_t *ks = reinterpret_cast<const uint16_t *>(stage + G::CODES);
+		int			pos0 = (cb + warp) * G4_KV_BLOCK_TOKENS;	/* the warp's pool block */
+		bool		mine = (ok_cur >> warp) & 1;
+		float		sc[2][4],
+					mnew[2],
+					corr[2];
+
+		/* the chunk is in, and every warp is done with the other stage */
+		g4c_cp_async_wait<0>();
+		__syncthreads();
+		if (c + 1 < chunks)
+			ok_next = df_issue<HD>(a, slot, g, cb + DF_WARPS, b_end, stages + ((c + 1) & 1) * G::STAGE);
+
+		/* scores of the warp's pool block, scaled and masked */
+		df_scores<HD>(stage, qf, rope, warp, pos0, lane, rot, sc);
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+			{
+				int			k = warp * G4_KV_BLOCK_TOKENS + 8 * nt + 2 * tq + (e & 1);
+				int			p = pos0 + 8 * nt + 2 * tq + (e & 1);
+
+				sc[nt][e] = mine && p >= klo && p < khi ? sc[nt][e] * g4_f16_to_f32(ks[k]) * a.scale : -INFINITY;
+			}
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+		{
+			float		x = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]), fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
+
+			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+			if (tq == 0)
+				mx[warp * DF_ROWS + gr + 8 * h] = x;
+		}
+		__syncthreads();
+
+		/* the chunk's row maxima; probabilities P' = p·s and row sums */
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+		{
+			float		x = m[h];
+			float		sum;
+
+#pragma unroll
+			for (int w = 0; w < DF_WARPS; w++)
+				x = fmaxf(x, mx[w * DF_ROWS + gr + 8 * h]);
+			mnew[h] = x;
+			corr[h] = x == -INFINITY ? 1.0f : __expf(m[h] - x);
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+				for (int e = 0; e < 2; e++)
+				{
+					float	   *s = &sc[nt][2 * h + e];
+
+					*s = *s == -INFINITY ? 0.0f : __expf(*s - x);
+				}
+			sum = sc[0][2 * h] + sc[0][2 * h + 1] + sc[1][2 * h] + sc[1][2 * h + 1];
+			sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+			sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+			if (tq == 0)
+				sums[warp * DF_ROWS + gr + 8 * h] = sum;
+		}
+		{
+			float		s[2][2];	/* the scale of keys 8nt + 2tq + e (0 where masked: p is 0) */
+
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+				for (int e = 0; e < 2; e++)
+				{
+					int			p = pos0 + 8 * nt + 2 * tq + e;
+
+					s[nt][e] = mine && p >= klo && p < khi ?
+						g4_f16_to_f32(ks[warp * G4_KV_BLOCK_TOKENS + 8 * nt + 2 * tq + e]) : 0.0f;
+				}
+			pf[warp * 32 + lane] = make_uint4(g4c_pack_f16(sc[0][0] * s[0][0], sc[0][1] * s[0][1]),
+											  g4c_pack_f16(sc[0][2] * s[0][0], sc[0][3] * s[0][1]),
+											  g4c_pack_f16(sc[1][0] * s[1][0], sc[1][1] * s[1][1]),
+											  g4c_pack_f16(sc[1][2] * s[1][0], sc[1][3] * s[1][1]));
+		}
+		__syncthreads();
+
+		/* every warp: the rows' running state, then its dims' values */
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+		{
+			float		sum = 0.0f;
+
+#pragma unroll
+			for (int w = 0; w < DF_WARPS; w++)
+				sum += sums[w * DF_ROWS + gr + 8 * h];
+			l[h] = l[h] * corr[h] + sum;
+			m[h] = mnew[h];
+#pragma unroll
+			for (int j = 0; j < G::NT; j++)
+			{
+				o[j][2 * h] *= corr[h];
+				o[j][2 * h + 1] *= corr[h];
+			}
+		}
+		df_values<HD>(stage, pf, warp, lane, o);
+		ok_cur = ok_next;
+	}
+
+	/* rows gr, gr + 8; o[j][2h + e] is dim HD/4·warp + 32tq + 16e + j */
+#pragma unroll
+	for (int h = 0; h < 2; h++)
+	{
+		int			row = gr + 8 * h;
+		float	   *dst;
+		float		mul = 1.0f;
+
+		if (row >= a.gq)
+			continue;
+		if (a.S == 1)
+		{
+			dst = a.out + (size_t) t * a.out_stride + (size_t) (g * a.gq + row) * HD;
+			mul = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+		}
+		else
+		{
+			dst = a.partial + (((size_t) blockIdx.x * a.S + split) * a.gq + row) * (HD + 2);
+			if (warp == 0 && tq == 0)
+			{
+				dst[0] = m[h];
+				dst[1] = l[h];
+			}
+			dst += 2;
+		}
+#pragma unroll
+		for (int j = 0; j < G::NT; j++)
+#pragma unroll
+			for (int e = 0; e < 2; e++)
+				dst[(HD / DF_WARPS) * warp + 32 * tq + 16 * e + j] = o[j][2 * h + e] * mul;
+	}
+}
+
+attn_kernel_fn
+attn_decode_full_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *smem)
+{
+	if (dtype != G4_KV_TURBOQUANT_K8V4 || !k_eq_v || gq < 1 || gq > DF_ROWS || hd != 512)
+		return NULL;
+	*smem = df_geom<512>::SMEM;
+	return attn_decode_full_kernel<512>;
+}
