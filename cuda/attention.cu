@@ -842,11 +842,10 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 			ch->min_keys = 4 * G4_KV_BLOCK_TOKENS;	/* a pool block for each warp */
 			return G4_OK;
 		}
-		ch->fn = attn_decode_full_kernel_for(hd, dtype, L->k_eq_v, gq, &ch->smem);
+		ch->fn = attn_decode_full_kernel_for(hd, dtype, L->k_eq_v, gq, &ch->threads, &ch->smem);
 		if (ch->fn)
 		{
 			ch->name = "attention (decode, k_eq_v)";
-			ch->threads = 128;
 			ch->rows = gq;
 			ch->level = -1;
 			ch->per_sm = 2;		/* its shared memory holds two */

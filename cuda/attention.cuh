@@ -581,7 +581,8 @@ tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, K
 attn_kernel_fn attn_decode_kernel_for(int hd, int dtype, int k_eq_v, int gq, int groups, int sm_count, int *smem);
 
 /* attention_decode_full.cu: the decode kernel of k_eq_v layers for this
- * geometry, or NULL; *smem its dynamic shared memory. */
-attn_kernel_fn attn_decode_full_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *smem);
+ * geometry, or NULL; *threads its block size, *smem its dynamic shared
+ * memory. */
+attn_kernel_fn attn_decode_full_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *threads, int *smem);
 
 #endif

@@ -15,33 +15,39 @@
  * rebuild, with the same float32 angle as every other kernel.
  *
  * A block takes one (token, KV head, split) and walks its keys in chunks
- * of DF_WARPS 16-key pool blocks, each chunk staged into shared memory by
+ * of DF_BLOCKS 16-key pool blocks, each chunk staged into shared memory by
  * cp.async while the previous one is computed:
- *   scores   warp w takes pool block w: S[row][key] = Q'·K'ᵀ over all of
- *            head_dim (query rows as the MMA's 16 rows, keys as columns);
- *   softmax  the chunk's row maxima meet in shared memory, each warp turns
- *            its scores into probabilities P' = p·s (f16, the value MMA's
- *            A fragments) and row sums;
+ *   scores   two warps per pool block, each half of every piece group's
+ *            k-steps: S[row][key] = Q'·K'ᵀ (query rows as the MMA's 16
+ *            rows, keys as columns), the halves summed through shared
+ *            memory;
+ *   softmax  the chunk's row maxima meet in shared memory, the first warp
+ *            of each pool block turns its scores into probabilities P' =
+ *            p·s (f16, the value MMA's A fragments) and row sums;
  *   values   warp w owns head_dim/DF_WARPS output dims and adds P'·C for
  *            every key of the chunk.
- * Every warp so keeps the same running max and sum of every row and a
- * quarter of the output: three barriers per chunk, no state to merge at
- * the end.  Splits write the partial format attn_merge_kernel combines.
+ * Every warp so keeps the same running max and sum of every row and an
+ * eighth of the output: four barriers per chunk, no state to merge at the
+ * end.  The kernel is latency-bound (a warp's chain of dependent
+ * instructions per chunk, ncu run 43): eight warps per block rather than
+ * four halve that chain and double the warps an SM holds.  Splits write
+ * the partial format attn_merge_kernel combines.
  *
  * Shared memory holds a key's 16-byte pieces XOR-swizzled by the key, so
  * that both access patterns (a thread's pieces of one key in the score
- * phase, one piece of four keys in the value phase) are conflict-free.
+ * phase, 8 bytes of four keys in the value phase) are conflict-free.
  */
 #include "attention.cuh"
 
-#define DF_WARPS 4
-#define DF_KEYS (DF_WARPS * G4_KV_BLOCK_TOKENS)	/* keys of a chunk */
+#define DF_BLOCKS 4				/* pool blocks of a chunk */
+#define DF_WARPS (2 * DF_BLOCKS)	/* two per pool block for the scores */
+#define DF_KEYS (DF_BLOCKS * G4_KV_BLOCK_TOKENS)	/* keys of a chunk */
 #define DF_ROWS 16				/* query rows: the MMA's M (gq <= 16) */
 
 template <int HD>
 struct df_geom
 {
-	static_assert(HD / DF_WARPS == 128, "a warp's output dims are eight 16-byte pieces, one per lane row");
+	static_assert(HD / DF_WARPS == 64, "a warp's output dims are 8 bytes of a key for each lane row");
 	static constexpr int HALF = HD / 2;
 	static constexpr int GROUPS = HALF / 64;	/* piece groups of a half: pieces 4i + tq */
 	static constexpr int KSTEPS = HD / 16;
@@ -49,7 +55,10 @@ struct df_geom
 	static constexpr int CODES = DF_KEYS * HD;
 	static constexpr int STAGE = CODES + DF_KEYS * 2;	/* codes, then the f16 scales */
 	static constexpr int QF = KSTEPS * 32 * 16;	/* the query's A fragments */
-	static constexpr int SMEM = 2 * STAGE + QF + HALF * 16 + DF_WARPS * 32 * 16 + 2 * DF_WARPS * DF_ROWS * 4;
+	/* + P' fragments [blocks][lanes], the second warps' partial scores
+	 * [blocks][lanes][8], row maxima and sums [blocks][rows] */
+	static constexpr int SMEM = 2 * STAGE + QF + HALF * 16 + DF_BLOCKS * 32 * 16 + DF_BLOCKS * 32 * 32 +
+		2 * DF_BLOCKS * DF_ROWS * 4;
 };
 
 /* Where piece p (16 bytes) of chunk key k lies in its row. */
@@ -59,7 +68,7 @@ df_piece(int k, int p)
 	return p ^ ((k & 6) ^ ((k & 1) << 2));
 }
 
-/* Issue the copies of the chunk of pool blocks [cb, cb + DF_WARPS) ∩ [.., b_end)
+/* Issue the copies of the chunk of pool blocks [cb, cb + DF_BLOCKS) ∩ [.., b_end)
  * into stage (one cp.async group); bit kb of the result: block cb + kb is
  * there.  A block of the range missing from the table is flagged. */
 template <int HD>
@@ -68,12 +77,12 @@ df_issue(const attn_args &a, int slot, int g, int cb, int b_end, uint8_t *stage)
 {
 	using G = df_geom<HD>;
 	constexpr int PER_BLOCK = G4_KV_BLOCK_TOKENS * HD / 16 + 2;	/* pieces: codes, scales */
-	const uint8_t *hb[DF_WARPS];
+	const uint8_t *hb[DF_BLOCKS];
 	unsigned	ok = 0;
 
 	/* the table entries first, all in flight together */
 #pragma unroll
-	for (int kb = 0; kb < DF_WARPS; kb++)
+	for (int kb = 0; kb < DF_BLOCKS; kb++)
 	{
 		hb[kb] = cb + kb < b_end ? kv_head_block(a, slot, (cb + kb) * G4_KV_BLOCK_TOKENS, g) : NULL;
 		if (hb[kb])
@@ -81,14 +90,14 @@ df_issue(const attn_args &a, int slot, int g, int cb, int b_end, uint8_t *stage)
 		else if (cb + kb < b_end && threadIdx.x == 0)
 			atomicOr(a.status, G4C_STATUS_KV_MISSING);
 	}
-	for (int i = threadIdx.x; i < DF_WARPS * PER_BLOCK; i += blockDim.x)
+	for (int i = threadIdx.x; i < DF_BLOCKS * PER_BLOCK; i += blockDim.x)
 	{
 		int			kb = i / PER_BLOCK,
 					r = i % PER_BLOCK;
 		/* selects, not an indexed local array */
 		const uint8_t *src = kb == 0 ? hb[0] : kb == 1 ? hb[1] : kb == 2 ? hb[2] : hb[3];
 
-		static_assert(DF_WARPS == 4, "the select above names each block");
+		static_assert(DF_BLOCKS == 4, "the select above names each block");
 		if (!src)
 			continue;
 		if (r < PER_BLOCK - 2)
@@ -183,13 +192,13 @@ df_word(const uint4 &p, int j)
 	return j == 0 ? p.x : j == 1 ? p.y : j == 2 ? p.z : p.w;
 }
 
-/* One piece group i of the scores (k-steps 8i .. 8i + 7) into sc[k-step
- * parity]: ROT when a pair of the group is rotated for some lane
- * (warp-uniform, so that the plain groups carry no rebuild code). */
+/* Half `half` of piece group i of the scores (k-steps 8i + 4half .. + 3)
+ * into sc[k-step parity]: ROT when a pair of the group is rotated for some
+ * lane (warp-uniform, so that the plain groups carry no rebuild code). */
 template <int HD, bool ROT>
 __device__ __forceinline__ void
-df_scores_group(const uint8_t *stage, const uint32_t *qf, const float4 *rope, int warp, int pos0, int lane, int i,
-				float sc[2][2][4])
+df_scores_group(const uint8_t *stage, const uint32_t *qf, const float4 *rope, int kb, int half, int pos0, int lane,
+				int i, float sc[2][2][4])
 {
 	int			gr = lane >> 2,
 				tq = lane & 3;
@@ -198,7 +207,7 @@ df_scores_group(const uint8_t *stage, const uint32_t *qf, const float4 *rope, in
 #pragma unroll
 	for (int nt = 0; nt < 2; nt++)
 	{
-		int			k = warp * G4_KV_BLOCK_TOKENS + 8 * nt + gr;
+		int			k = kb * G4_KV_BLOCK_TOKENS + 8 * nt + gr;
 
 #pragma unroll
 		for (int h = 0; h < 2; h++)
@@ -211,10 +220,10 @@ df_scores_group(const uint8_t *stage, const uint32_t *qf, const float4 *rope, in
 			w[nt][h].w ^= 0x80808080u;
 		}
 	}
-	/* the rebuild is long: one pair of k-steps' code serves the group's
-	 * eight (the instruction cache holds the kernel only so) */
-#pragma unroll (ROT ? 2 : 8)
-	for (int u = 0; u < 8; u++)
+	/* the rebuild is long: one pair of k-steps' code serves the half's
+	 * four (the instruction cache holds the kernel only so) */
+#pragma unroll (ROT ? 2 : 4)
+	for (int u = 4 * half; u < 4 * half + 4; u++)
 	{
 		int			s = 8 * i + u;
 		int			l0 = 16 * (4 * i + tq) + 2 * u;
@@ -237,13 +246,13 @@ df_scores_group(const uint8_t *stage, const uint32_t *qf, const float4 *rope, in
 	}
 }
 
-/* Scores of the warp's pool block: sc[nt] = S[rows gr, gr + 8][keys 8nt +
- * 2tq, + 1] (unscaled), from the chunk's codes in stage; bit i of rot:
- * group i has rotated pairs. */
+/* Half `half` of the k-steps of the scores of pool block kb: sc[nt] =
+ * S[rows gr, gr + 8][keys 8nt + 2tq, + 1] (unscaled, partial), from the
+ * chunk's codes in stage; bit i of rot: group i has rotated pairs. */
 template <int HD>
 __device__ __forceinline__ void
-df_scores(const uint8_t *stage, const uint32_t *qf, const float4 *rope, int warp, int pos0, int lane, unsigned rot,
-		  float sc[2][4])
+df_scores(const uint8_t *stage, const uint32_t *qf, const float4 *rope, int kb, int half, int pos0, int lane,
+		  unsigned rot, float sc[2][4])
 {
 	float		acc[2][2][4] = {};
 
@@ -251,9 +260,9 @@ df_scores(const uint8_t *stage, const uint32_t *qf, const float4 *rope, int warp
 	for (int i = 0; i < df_geom<HD>::GROUPS; i++)
 	{
 		if ((rot >> i) & 1)
-			df_scores_group<HD, true>(stage, qf, rope, warp, pos0, lane, i, acc);
+			df_scores_group<HD, true>(stage, qf, rope, kb, half, pos0, lane, i, acc);
 		else
-			df_scores_group<HD, false>(stage, qf, rope, warp, pos0, lane, i, acc);
+			df_scores_group<HD, false>(stage, qf, rope, kb, half, pos0, lane, i, acc);
 	}
 #pragma unroll
 	for (int nt = 0; nt < 2; nt++)
@@ -273,8 +282,8 @@ df_code_pair(uint32_t x, uint32_t y, int j)
 }
 
 /* O[rows gr, gr + 8][the warp's dims] += P'·C over the chunk's keys: value
- * n-tile j column gr = dim HD/4·warp + 16gr + j (byte j of the lane's
- * piece), so o[j] holds dims HD/4·warp + 32tq + j and that + 16. */
+ * n-tile j column gr = dim HD/8·warp + 8gr + j (byte j of the lane's 8
+ * bytes), so o[j] holds dims HD/8·warp + 16tq + j and that + 8. */
 template <int HD>
 __device__ __forceinline__ void
 df_values(const uint8_t *stage, const uint4 *pf, int warp, int lane, float o[][4])
@@ -283,22 +292,22 @@ df_values(const uint8_t *stage, const uint4 *pf, int warp, int lane, float o[][4
 				tq = lane & 3;
 
 #pragma unroll 1
-	for (int kb = 0; kb < DF_WARPS; kb++)
+	for (int kb = 0; kb < DF_BLOCKS; kb++)
 	{
 		uint4		pa = pf[kb * 32 + lane];
 		uint32_t	a[4] = {pa.x, pa.y, pa.z, pa.w};
-		uint32_t	v[4][4];		/* keys 2tq, 2tq + 1, 2tq + 8, 2tq + 9 */
+		uint32_t	v[4][2];		/* keys 2tq, 2tq + 1, 2tq + 8, 2tq + 9 */
 
 #pragma unroll
 		for (int j = 0; j < 4; j++)
 		{
 			int			k = kb * G4_KV_BLOCK_TOKENS + 2 * tq + (j & 1) + 8 * (j >> 1);
-			uint4		x = *reinterpret_cast<const uint4 *>(stage + (size_t) k * HD + 16 * df_piece(k, (HD / 64) * warp + gr));
+			int			byte = (HD / DF_WARPS) * warp + 8 * gr;
+			uint2		x = *reinterpret_cast<const uint2 *>(stage + (size_t) k * HD + 16 * df_piece(k, byte / 16) +
+															 byte % 16);
 
 			v[j][0] = x.x;
 			v[j][1] = x.y;
-			v[j][2] = x.z;
-			v[j][3] = x.w;
 		}
 #pragma unroll
 		for (int j = 0; j < HD / DF_WARPS / 8; j++)
@@ -319,9 +328,10 @@ attn_decode_full_kernel(attn_args a)
 	uint8_t    *stages = sm_raw;	/* [2][STAGE] */
 	uint32_t   *qf = reinterpret_cast<uint32_t *>(sm_raw + 2 * G::STAGE);
 	float4	   *rope = reinterpret_cast<float4 *>(sm_raw + 2 * G::STAGE + G::QF);	/* [HD / 2] */
-	uint4	   *pf = reinterpret_cast<uint4 *>(rope + G::HALF);	/* [warps][32 lanes] */
-	float	   *mx = reinterpret_cast<float *>(pf + DF_WARPS * 32);	/* [warps][rows] */
-	float	   *sums = mx + DF_WARPS * DF_ROWS;	/* [warps][rows] */
+	uint4	   *pf = reinterpret_cast<uint4 *>(rope + G::HALF);	/* [blocks][32 lanes] */
+	float4	   *ps = reinterpret_cast<float4 *>(pf + DF_BLOCKS * 32);	/* [blocks][32 lanes][2] */
+	float	   *mx = reinterpret_cast<float *>(ps + DF_BLOCKS * 32 * 2);	/* [blocks][rows] */
+	float	   *sums = mx + DF_BLOCKS * DF_ROWS;	/* [blocks][rows] */
 	int			t = blockIdx.x / a.n_kv;
 	int			g = blockIdx.x % a.n_kv;
 	int			split = blockIdx.y;
@@ -329,6 +339,8 @@ attn_decode_full_kernel(attn_args a)
 	int			warp = threadIdx.x >> 5;
 	int			gr = lane >> 2,
 				tq = lane & 3;
+	int			kb = warp % DF_BLOCKS,	/* the warp's pool block for the scores */
+				half = warp / DF_BLOCKS;	/* and its half of the k-steps */
 	int			lo,
 				hi,
 				slot,
@@ -359,7 +371,7 @@ attn_decode_full_kernel(attn_args a)
 		b_end = min(b_hi, b_begin + per);
 		klo = max(lo, b_begin * G4_KV_BLOCK_TOKENS);
 		khi = min(hi, b_end * G4_KV_BLOCK_TOKENS);
-		chunks = b_end > b_begin ? (b_end - b_begin + DF_WARPS - 1) / DF_WARPS : 0;
+		chunks = b_end > b_begin ? (b_end - b_begin + DF_BLOCKS - 1) / DF_BLOCKS : 0;
 	}
 	if (chunks > 0)
 		ok_cur = df_issue<HD>(a, slot, g, b_begin, b_end, stages);
@@ -381,11 +393,11 @@ attn_decode_full_kernel(attn_args a)
 
 	for (int c = 0; c < chunks; c++)
 	{
-		int			cb = b_begin + c * DF_WARPS;
+		int			cb = b_begin + c * DF_BLOCKS;
 		const uint8_t *stage = stages + (c & 1) * G::STAGE;
 		const uint16_t *ks = reinterpret_cast<const uint16_t *>(stage + G::CODES);
-		int			pos0 = (cb + warp) * G4_KV_BLOCK_TOKENS;	/* the warp's pool block */
-		bool		mine = (ok_cur >> warp) & 1;
+		int			pos0 = (cb + kb) * G4_KV_BLOCK_TOKENS;	/* the warp's pool block */
+		bool		mine = (ok_cur >> kb) & 1;
 		float		sc[2][4],
 					mnew[2],
 					corr[2];
@@ -394,62 +406,87 @@ attn_decode_full_kernel(attn_args a)
 		g4c_cp_async_wait<0>();
 		__syncthreads();
 		if (c + 1 < chunks)
-			ok_next = df_issue<HD>(a, slot, g, cb + DF_WARPS, b_end, stages + ((c + 1) & 1) * G::STAGE);
+			ok_next = df_issue<HD>(a, slot, g, cb + DF_BLOCKS, b_end, stages + ((c + 1) & 1) * G::STAGE);
 
-		/* scores of the warp's pool block, scaled and masked */
-		df_scores<HD>(stage, qf, rope, warp, pos0, lane, rot, sc);
-#pragma unroll
-		for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-			{
-				int			k = warp * G4_KV_BLOCK_TOKENS + 8 * nt + 2 * tq + (e & 1);
-				int			p = pos0 + 8 * nt + 2 * tq + (e & 1);
-
-				sc[nt][e] = mine && p >= klo && p < khi ? sc[nt][e] * g4_f16_to_f32(ks[k]) * a.scale : -INFINITY;
-			}
-#pragma unroll
-		for (int h = 0; h < 2; h++)
+		/* half of the scores of the warp's pool block; the second warp's
+		 * half to the first */
+		df_scores<HD>(stage, qf, rope, kb, half, pos0, lane, rot, sc);
+		if (half)
 		{
-			float		x = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]), fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
-
-			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-			if (tq == 0)
-				mx[warp * DF_ROWS + gr + 8 * h] = x;
+			ps[(kb * 32 + lane) * 2] = make_float4(sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
+			ps[(kb * 32 + lane) * 2 + 1] = make_float4(sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
 		}
 		__syncthreads();
 
-		/* the chunk's row maxima; probabilities P' = p·s and row sums */
+		/* first warps: the whole scores, scaled and masked, and their row
+		 * maxima */
+		if (!half)
+		{
+			float4		o0 = ps[(kb * 32 + lane) * 2],
+						o1 = ps[(kb * 32 + lane) * 2 + 1];
+
+			sc[0][0] += o0.x, sc[0][1] += o0.y, sc[0][2] += o0.z, sc[0][3] += o0.w;
+			sc[1][0] += o1.x, sc[1][1] += o1.y, sc[1][2] += o1.z, sc[1][3] += o1.w;
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+				{
+					int			k = kb * G4_KV_BLOCK_TOKENS + 8 * nt + 2 * tq + (e & 1);
+					int			p = pos0 + 8 * nt + 2 * tq + (e & 1);
+
+					sc[nt][e] = mine && p >= klo && p < khi ? sc[nt][e] * g4_f16_to_f32(ks[k]) * a.scale : -INFINITY;
+				}
+#pragma unroll
+			for (int h = 0; h < 2; h++)
+			{
+				float		x = fmaxf(fmaxf(sc[0][2 * h], sc[0][2 * h + 1]), fmaxf(sc[1][2 * h], sc[1][2 * h + 1]));
+
+				x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+				x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+				if (tq == 0)
+					mx[kb * DF_ROWS + gr + 8 * h] = x;
+			}
+		}
+		__syncthreads();
+
+		/* the chunk's row maxima (every warp); first warps: probabilities
+		 * P' = p·s and row sums */
 #pragma unroll
 		for (int h = 0; h < 2; h++)
 		{
 			float		x = m[h];
-			float		sum;
 
 #pragma unroll
-			for (int w = 0; w < DF_WARPS; w++)
+			for (int w = 0; w < DF_BLOCKS; w++)
 				x = fmaxf(x, mx[w * DF_ROWS + gr + 8 * h]);
 			mnew[h] = x;
 			corr[h] = x == -INFINITY ? 1.0f : __expf(m[h] - x);
-#pragma unroll
-			for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-				for (int e = 0; e < 2; e++)
-				{
-					float	   *s = &sc[nt][2 * h + e];
-
-					*s = *s == -INFINITY ? 0.0f : __expf(*s - x);
-				}
-			sum = sc[0][2 * h] + sc[0][2 * h + 1] + sc[1][2 * h] + sc[1][2 * h + 1];
-			sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-			sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-			if (tq == 0)
-				sums[warp * DF_ROWS + gr + 8 * h] = sum;
 		}
+		if (!half)
 		{
 			float		s[2][2];	/* the scale of keys 8nt + 2tq + e (0 where masked: p is 0) */
 
+#pragma unroll
+			for (int h = 0; h < 2; h++)
+			{
+				float		sum;
+
+#pragma unroll
+				for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+					for (int e = 0; e < 2; e++)
+					{
+						float	   *x = &sc[nt][2 * h + e];
+
+						*x = *x == -INFINITY ? 0.0f : __expf(*x - mnew[h]);
+					}
+				sum = sc[0][2 * h] + sc[0][2 * h + 1] + sc[1][2 * h] + sc[1][2 * h + 1];
+				sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+				sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+				if (tq == 0)
+					sums[kb * DF_ROWS + gr + 8 * h] = sum;
+			}
 #pragma unroll
 			for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -458,12 +495,12 @@ attn_decode_full_kernel(attn_args a)
 					int			p = pos0 + 8 * nt + 2 * tq + e;
 
 					s[nt][e] = mine && p >= klo && p < khi ?
-						g4_f16_to_f32(ks[warp * G4_KV_BLOCK_TOKENS + 8 * nt + 2 * tq + e]) : 0.0f;
+						g4_f16_to_f32(ks[kb * G4_KV_BLOCK_TOKENS + 8 * nt + 2 * tq + e]) : 0.0f;
 				}
-			pf[warp * 32 + lane] = make_uint4(g4c_pack_f16(sc[0][0] * s[0][0], sc[0][1] * s[0][1]),
-											  g4c_pack_f16(sc[0][2] * s[0][0], sc[0][3] * s[0][1]),
-											  g4c_pack_f16(sc[1][0] * s[1][0], sc[1][1] * s[1][1]),
-											  g4c_pack_f16(sc[1][2] * s[1][0], sc[1][3] * s[1][1]));
+			pf[kb * 32 + lane] = make_uint4(g4c_pack_f16(sc[0][0] * s[0][0], sc[0][1] * s[0][1]),
+											g4c_pack_f16(sc[0][2] * s[0][0], sc[0][3] * s[0][1]),
+											g4c_pack_f16(sc[1][0] * s[1][0], sc[1][1] * s[1][1]),
+											g4c_pack_f16(sc[1][2] * s[1][0], sc[1][3] * s[1][1]));
 		}
 		__syncthreads();
 
@@ -474,7 +511,7 @@ attn_decode_full_kernel(attn_args a)
 			float		sum = 0.0f;
 
 #pragma unroll
-			for (int w = 0; w < DF_WARPS; w++)
+			for (int w = 0; w < DF_BLOCKS; w++)
 				sum += sums[w * DF_ROWS + gr + 8 * h];
 			l[h] = l[h] * corr[h] + sum;
 			m[h] = mnew[h];
@@ -489,7 +526,7 @@ attn_decode_full_kernel(attn_args a)
 		ok_cur = ok_next;
 	}
 
-	/* rows gr, gr + 8; o[j][2h + e] is dim HD/4·warp + 32tq + 16e + j */
+	/* rows gr, gr + 8; o[j][2h + e] is dim HD/8·warp + 16tq + 8e + j */
 #pragma unroll
 	for (int h = 0; h < 2; h++)
 	{
@@ -518,15 +555,16 @@ attn_decode_full_kernel(attn_args a)
 		for (int j = 0; j < G::NT; j++)
 #pragma unroll
 			for (int e = 0; e < 2; e++)
-				dst[(HD / DF_WARPS) * warp + 32 * tq + 16 * e + j] = o[j][2 * h + e] * mul;
+				dst[(HD / DF_WARPS) * warp + 16 * tq + 8 * e + j] = o[j][2 * h + e] * mul;
 	}
 }
 
 attn_kernel_fn
-attn_decode_full_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *smem)
+attn_decode_full_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *threads, int *smem)
 {
 	if (dtype != G4_KV_TURBOQUANT_K8V4 || !k_eq_v || gq < 1 || gq > DF_ROWS || hd != 512)
 		return NULL;
+	*threads = DF_WARPS * 32;
 	*smem = df_geom<512>::SMEM;
 	return attn_decode_full_kernel<512>;
 }
