@@ -306,6 +306,20 @@ tile_row_ranges(const attn_args &a, int t0, int ntok, int R, int *rlo, int *rhi,
 	}
 }
 
+/* This split's share [*b_begin, *b_end) of the pool blocks covering the
+ * keys [lo, hi) of one token (the decode kernels): S runs of equal length,
+ * the last ones shorter or empty. */
+__device__ __forceinline__ void
+split_blocks(int lo, int hi, int S, int split, int *b_begin, int *b_end)
+{
+	int			b_lo = lo / G4_KV_BLOCK_TOKENS;
+	int			b_hi = hi > lo ? (hi - 1) / G4_KV_BLOCK_TOKENS + 1 : b_lo;
+	int			per = (b_hi - b_lo + S - 1) / S;
+
+	*b_begin = b_lo + split * per;
+	*b_end = min(b_hi, *b_begin + per);
+}
+
 /* This split's keys [ks, ke) of the tile's [kmin, kmax): S chunks of a
  * multiple of `align` keys. */
 __device__ __forceinline__ void

@@ -318,15 +318,7 @@ attn_decode_kernel(attn_args a)
 		st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
 	st.m[0] = st.m[1] = -INFINITY;
 	st.l[0] = st.l[1] = 0.0f;
-	{
-		/* this split's share of the pool blocks covering [lo, hi) */
-		int			b_lo = lo / G4_KV_BLOCK_TOKENS;
-		int			b_hi = hi > lo ? (hi - 1) / G4_KV_BLOCK_TOKENS + 1 : b_lo;
-		int			per = (b_hi - b_lo + a.S - 1) / a.S;
-
-		b_begin = b_lo + split * per;
-		b_end = min(b_hi, b_begin + per);
-	}
+	split_blocks(lo, hi, a.S, split, &b_begin, &b_end);
 
 	for (int b = b_begin + warp; b < b_end; b += DEC_WARPS)
 	{

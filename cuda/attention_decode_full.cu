@@ -361,18 +361,10 @@ attn_decode_full_kernel(attn_args a)
 	lo = a.lo[t];
 	hi = a.hi[t];
 	slot = a.slot[t];
-	{
-		/* this split's share of the pool blocks covering [lo, hi) */
-		int			b_lo = lo / G4_KV_BLOCK_TOKENS;
-		int			b_hi = hi > lo ? (hi - 1) / G4_KV_BLOCK_TOKENS + 1 : b_lo;
-		int			per = (b_hi - b_lo + a.S - 1) / a.S;
-
-		b_begin = b_lo + split * per;
-		b_end = min(b_hi, b_begin + per);
-		klo = max(lo, b_begin * G4_KV_BLOCK_TOKENS);
-		khi = min(hi, b_end * G4_KV_BLOCK_TOKENS);
-		chunks = b_end > b_begin ? (b_end - b_begin + DF_BLOCKS - 1) / DF_BLOCKS : 0;
-	}
+	split_blocks(lo, hi, a.S, split, &b_begin, &b_end);
+	klo = max(lo, b_begin * G4_KV_BLOCK_TOKENS);
+	khi = min(hi, b_end * G4_KV_BLOCK_TOKENS);
+	chunks = b_end > b_begin ? (b_end - b_begin + DF_BLOCKS - 1) / DF_BLOCKS : 0;
 	if (chunks > 0)
 		ok_cur = df_issue<HD>(a, slot, g, b_begin, b_end, stages);
 	for (int i = threadIdx.x; i < G::HALF; i += blockDim.x)
