@@ -92,7 +92,7 @@ attn_simt_kernel(attn_args a)
 		qs[i] = a.q[(size_t) t * a.q_stride + (size_t) g * gq * HD + i];
 	__syncthreads();
 	if (a.rotated)
-		hadamard_rows_smem(qs, gq, HD, HD);
+		hadamard_rows<HD>(qs, gq, HD);
 #pragma unroll
 	for (int h = 0; h < GQMAX; h++)
 	{
@@ -313,7 +313,7 @@ attn_tc_kernel(attn_args a)
 			invf_s[i] = a.inv_freq[i];
 	}
 	/* queries as f16 (rotated first for turboquant) */
-	tile_queries_f16<HD>(a, t0, ntok, g, G::R, G::ROT, reinterpret_cast<float *>(sm + G::Q_BYTES), Qs);
+	tile_queries_f16<HD>(a, t0, ntok, g, G::R, G::ROT, Qs);
 	__syncthreads();
 	split_range(kr[0], kr[1], a.S, split, 16, &ks, &ke);
 #pragma unroll
@@ -502,7 +502,7 @@ attn_tc_kernel(attn_args a)
 			__syncthreads();
 		}
 		/* turboquant values were rotated: undo once per row */
-		tile_store_rotated(st, G::R, HD, map);
+		tile_store_rotated<HD>(st, G::R, map);
 	}
 }
 
@@ -517,7 +517,7 @@ attn_merge_kernel(attn_args a, int rows, int chunks)
 {
 	extern __shared__ __align__(16) unsigned char sm_raw[];
 	float	   *w = reinterpret_cast<float *>(sm_raw);	/* [S] weights */
-	float	   *o = w + a.S;		/* [hd] */
+	float	   *o = w + (a.S + 3) / 4 * 4;	/* [hd], 16-byte aligned */
 	__shared__ float red[32];
 	int			group = blockIdx.x / (rows * chunks);
 	int			r = (blockIdx.x / chunks) % rows;
@@ -587,7 +587,7 @@ attn_merge_kernel(attn_args a, int rows, int chunks)
 	}
 	__syncthreads();
 	if (a.rotated)
-		hadamard_rows_smem(o, 1, a.hd, a.hd);
+		hadamard_rows_hd(o, 1, a.hd, a.hd);
 	for (int d = d_lo + threadIdx.x; d < d_hi; d += blockDim.x)
 		dst[d] = o[d];
 }
@@ -969,7 +969,7 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 		int			chunks = (a.rotated || hd < 256) ? 1 : hd / 128;
 
 		return g4c_launch(c, "attention (merge)", attn_merge_kernel, dim3(groups * ch.rows * chunks), dim3(128),
-						  (a.S + hd) * sizeof(float), a, ch.rows, chunks);
+						  ((a.S + 3) / 4 * 4 + hd) * sizeof(float), a, ch.rows, chunks);
 	}
 	return G4_OK;
 }

@@ -149,27 +149,108 @@ decode_elems(const uint8_t *hb, int off, int hd, int d0, bool k, bool k_eq_v, fl
 	}
 }
 
-/* Hadamard of `rows` rows of n floats in shared memory (whole block). */
-static __device__ void
-hadamard_rows_smem(float *x, int rows, int n, int stride)
+/* Lane's elements [lane·P, lane·P + P) of a row of HD floats (0 past HD):
+ * the layout of hadamard_warp; four at a time where the row is 16-byte
+ * aligned (query and output rows need not be). */
+template <int HD>
+__device__ __forceinline__ void
+row_to_lane(const float *row, float x[HD >= 32 ? HD / 32 : 1])
 {
-	for (int len = 1; len < n; len <<= 1)
-	{
-		for (int q = threadIdx.x; q < rows * (n / 2); q += blockDim.x)
-			g4_hadamard_butterfly(x + (size_t) (q / (n / 2)) * stride, len, q % (n / 2));
-		__syncthreads();
-	}
-	{
-		float		norm = g4_hadamard_norm(n);
+	constexpr int P = HD >= 32 ? HD / 32 : 1;
+	int			lane = threadIdx.x & 31;
 
-		for (int q = threadIdx.x; q < rows * n; q += blockDim.x)
+	if constexpr (P % 4 == 0)
+	{
+		if ((reinterpret_cast<uintptr_t>(row) & 15) == 0)
 		{
-			float	   *p = x + (size_t) (q / n) * stride + (q % n);
+#pragma unroll
+			for (int i = 0; i < P; i += 4)
+			{
+				float4		f = *reinterpret_cast<const float4 *>(row + lane * P + i);
 
-			*p = __fmul_rn(*p, norm);
+				x[i] = f.x;
+				x[i + 1] = f.y;
+				x[i + 2] = f.z;
+				x[i + 3] = f.w;
+			}
+			return;
 		}
 	}
+#pragma unroll
+	for (int i = 0; i < P; i++)
+		x[i] = lane * P + i < HD ? row[lane * P + i] : 0.0f;
+}
+
+template <int HD>
+__device__ __forceinline__ void
+lane_to_row(const float x[HD >= 32 ? HD / 32 : 1], float *row)
+{
+	constexpr int P = HD >= 32 ? HD / 32 : 1;
+	int			lane = threadIdx.x & 31;
+
+	if constexpr (P % 4 == 0)
+	{
+		if ((reinterpret_cast<uintptr_t>(row) & 15) == 0)
+		{
+#pragma unroll
+			for (int i = 0; i < P; i += 4)
+				*reinterpret_cast<float4 *>(row + lane * P + i) = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+			return;
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < P; i++)
+		if (lane * P + i < HD)
+			row[lane * P + i] = x[i];
+}
+
+/* The Hadamard transform of `rows` rows of HD floats, `stride` apart in
+ * shared memory and written before a barrier: one warp per row in
+ * registers (hadamard_warp), no barrier between the stages; a barrier at
+ * the end (whole block). */
+template <int HD>
+static __device__ void
+hadamard_rows(float *x, int rows, int stride)
+{
+	for (int r = threadIdx.x >> 5; r < rows; r += blockDim.x >> 5)
+	{
+		float		v[HD >= 32 ? HD / 32 : 1];
+
+		row_to_lane<HD>(x + (size_t) r * stride, v);
+		hadamard_warp<HD >= 32 ? HD / 32 : 1>(v, HD);
+		lane_to_row<HD>(v, x + (size_t) r * stride);
+	}
 	__syncthreads();
+}
+
+/* hadamard_rows for a head_dim known only at run time: the pool's
+ * turboquant head_dims are powers of two up to 512 (g4c_attention). */
+static __device__ void
+hadamard_rows_hd(float *x, int rows, int hd, int stride)
+{
+	switch (hd)
+	{
+		case 512:
+			return hadamard_rows<512>(x, rows, stride);
+		case 256:
+			return hadamard_rows<256>(x, rows, stride);
+		case 128:
+			return hadamard_rows<128>(x, rows, stride);
+		case 64:
+			return hadamard_rows<64>(x, rows, stride);
+		case 32:
+			return hadamard_rows<32>(x, rows, stride);
+		case 16:
+			return hadamard_rows<16>(x, rows, stride);
+		case 8:
+			return hadamard_rows<8>(x, rows, stride);
+		case 4:
+			return hadamard_rows<4>(x, rows, stride);
+		case 2:
+			return hadamard_rows<2>(x, rows, stride);
+		default:
+			return hadamard_rows<1>(x, rows, stride);
+	}
 }
 
 /* Where the output row r of a block goes: token t0 + r / gq, query head
@@ -244,7 +325,7 @@ attn_finish_token(const attn_args &a, const float *ws, float *qs, int split, int
 		return;					/* attn_merge_kernel finishes */
 	__syncthreads();
 	if (a.rotated)
-		hadamard_rows_smem(qs, gq, HD, HD);
+		hadamard_rows_hd(qs, gq, HD, HD);
 	for (int q = threadIdx.x; q < gq * HD; q += blockDim.x)
 		a.out[(size_t) t * a.out_stride + (size_t) g * gq * HD + q] = qs[q];
 }
@@ -335,30 +416,35 @@ split_range(int kmin, int kmax, int S, int split, int align, int *ks, int *ke)
 
 /* The tile's R query rows (token t0 + r / gq, query head g·gq + r % gq) as
  * f16 in Qs (swizzled), zeros past its tokens; rotated by the Hadamard
- * transform first when rot, through `stage` (R·HD floats).  The caller
+ * transform first when rot (a warp per row, in registers).  The caller
  * synchronises before reading Qs. */
 template <int HD>
 static __device__ void
-tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, float *stage, unsigned char *Qs)
+tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, unsigned char *Qs)
 {
 	if (rot)
 	{
-		for (int q = threadIdx.x; q < R * HD; q += blockDim.x)
+		constexpr int P = HD >= 32 ? HD / 32 : 1;
+		int			lane = threadIdx.x & 31;
+
+		static_assert(HD >= 64, "a lane's elements pair up into f16 words");
+		for (int r = threadIdx.x >> 5; r < R; r += blockDim.x >> 5)
 		{
-			int			r = q / HD,
-						d = q % HD;
 			int			tt = r / a.gq;
+			float		x[P];
 
-			stage[q] = tt < ntok ? a.q[(size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD + d] : 0.0f;
-		}
-		__syncthreads();
-		hadamard_rows_smem(stage, R, HD, HD);
-		for (int q = threadIdx.x; q < R * HD / 2; q += blockDim.x)
-		{
-			int			r = q / (HD / 2),
-						d = 2 * (q % (HD / 2));
-
-			*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, d)) = g4c_pack_f16(stage[r * HD + d], stage[r * HD + d + 1]);
+			if (tt < ntok)
+				row_to_lane<HD>(a.q + (size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD, x);
+			else
+			{
+#pragma unroll
+				for (int i = 0; i < P; i++)
+					x[i] = 0.0f;
+			}
+			hadamard_warp<P>(x, HD);
+#pragma unroll
+			for (int i = 0; i < P; i += 2)
+				*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, lane * P + i)) = g4c_pack_f16(x[i], x[i + 1]);
 		}
 	}
 	else
@@ -378,17 +464,22 @@ tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, f
 }
 
 /* Rotated (turboquant) output rows, normalised in `st` (R rows of HD
- * floats, written before a barrier): rotate back once and store. */
+ * floats, written before a barrier): rotated back, a warp per row in
+ * registers, and stored. */
+template <int HD>
 static __device__ void
-tile_store_rotated(float *st, int R, int HD, const row_map &map)
+tile_store_rotated(const float *st, int R, const row_map &map)
 {
-	hadamard_rows_smem(st, R, HD, HD);
-	for (int q = threadIdx.x; q < R * HD; q += blockDim.x)
+	for (int r = threadIdx.x >> 5; r < R; r += blockDim.x >> 5)
 	{
-		float	   *dst = map.row(q / HD);
+		float	   *dst = map.row(r);
+		float		x[HD >= 32 ? HD / 32 : 1];
 
-		if (dst)
-			dst[q % HD] = st[q];
+		if (!dst)
+			continue;			/* warp-uniform */
+		row_to_lane<HD>(st + (size_t) r * HD, x);
+		hadamard_warp<HD >= 32 ? HD / 32 : 1>(x, HD);
+		lane_to_row<HD>(x, dst);
 	}
 }
 
@@ -443,8 +534,8 @@ struct tc_geom
 	static constexpr int Q_BYTES = R * HD * 2;
 	static constexpr int KV_BYTES = 2 * 16 * HD * 2;
 	static constexpr int SX_BYTES = RG * 4 * 256 * 4;
-	/* rotated (turboquant, not k_eq_v) queries and outputs pass through
-	 * float rows placed after Qs, over Ks / Vs */
+	/* rotated (turboquant, not k_eq_v) outputs pass through float rows
+	 * placed after Qs, over Ks / Vs */
 	static constexpr bool ROT = DT == G4_KV_TURBOQUANT_K8V4 && !KEQV;
 	static constexpr int STAGE_BYTES = ROT ? R * HD * 4 : 0;
 	static constexpr int MAIN_BYTES = Q_BYTES + (KV_BYTES > STAGE_BYTES ? KV_BYTES : STAGE_BYTES);

@@ -311,7 +311,7 @@ attn_decode_kernel(attn_args a)
 		qs[i] = a.q[(size_t) t * a.q_stride + (size_t) g * gq * HD + i];
 	__syncthreads();
 	if (a.rotated)
-		hadamard_rows_smem(qs, gq, HD, HD);
+		hadamard_rows<HD>(qs, gq, HD);
 	dec_query_fragments<HD>(qs, gq, gr, tq, qf);
 #pragma unroll
 	for (int i = 0; i < dec_geom<HD>::MT; i++)

@@ -28,9 +28,10 @@
 
 /* Shared memory: Qs [R][PF_HD] f16 | K, V tiles [2][K, V][KT][PF_HD] f16 | raw
  * pool blocks [2][KT / 16][head block bytes] | row ranges [2][R] | their
- * union [2] (no static shared memory: smem() is the whole).  Rotated
- * queries and outputs pass through float rows over the K / V tiles, SR
- * rows at a time. */
+ * union [2] | the tiles' key scales [2][KT] float | whether each raw block
+ * was present [2][KT / 16] (no static shared memory: smem() is the whole).
+ * Rotated outputs pass through float rows over the K / V tiles, SR rows at
+ * a time. */
 template <int NW>
 struct pf_geom
 {
@@ -49,16 +50,16 @@ struct pf_geom
 	}
 	__host__ __device__ static int smem(int hbb)
 	{
-		return Q_BYTES + KV_BYTES + raw_bytes(hbb) + R * 8 + 16;
+		return Q_BYTES + KV_BYTES + raw_bytes(hbb) + R * 8 + 16 + 2 * KT * 4 + 2 * PB * 4;
 	}
 };
 
 /* Start copying the raw pool blocks of key tile `kt` that meet [ks, ke)
  * into `raw` (one cp.async group per thread); missing blocks are flagged in
- * the status. */
+ * the status, and in `present` for the decoding (read after a barrier). */
 template <int NW>
 __device__ __forceinline__ void
-pf_stage_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, uint8_t *raw, int hbb_pad)
+pf_stage_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, uint8_t *raw, int hbb_pad, int *present)
 {
 	using G = pf_geom<NW>;
 	int			hbb = (int) a.head_block_bytes;
@@ -72,6 +73,8 @@ pf_stage_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, uint8
 		if (p0 >= ke || p0 + G4_KV_BLOCK_TOKENS <= ks)
 			continue;			/* outside the range: never read, may be freed */
 		hb = kv_head_block(a, slot, p0, g);
+		if (threadIdx.x == 0)
+			present[pb] = hb != NULL;
 		if (!hb)
 		{
 			if (threadIdx.x == 0)
@@ -91,14 +94,52 @@ pf_put8(unsigned char *p, const float x[8])
 		make_uint4(g4c_pack_f16(x[0], x[1]), g4c_pack_f16(x[2], x[3]), g4c_pack_f16(x[4], x[5]), g4c_pack_f16(x[6], x[7]));
 }
 
+/* Eight turboquant elements of one key from its raw block: the key codes
+ * as exact f16 (the key's scale multiplies its scores instead: pf_softmax)
+ * and the values (2c - 15) · scale, each one rounding of the exact product
+ * as g4_kv_v4_value then f16 would give, clamped to the f16 range as
+ * g4c_pack_f16 clamps.  f16 arithmetic on pairs: 1024 + 2c (0x6400 | 2c)
+ * less 1039 is 2c - 15 exactly. */
+__device__ __forceinline__ void
+pf_decode_tq8(const uint8_t *hb, int off, int d, uint4 *k, uint4 *v)
+{
+	const int	G = g4_kv_v4_group(PF_HD);
+	uint2		kw = *reinterpret_cast<const uint2 *>(hb + (size_t) off * PF_HD + d);
+	uint32_t	vw = *reinterpret_cast<const uint32_t *>(hb + g4_kv_tq_v_off(PF_HD) + (size_t) off * (PF_HD / 2) + d / 2);
+	uint16_t	vs = *reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_vscale_off(PF_HD) + (size_t) off * (PF_HD / G) * 2 + (size_t) (d / G) * 2);
+	__half2		s2 = __half2half2(__ushort_as_half(vs));
+	const __half2 bias = __half2half2(__ushort_as_half(0x640f));	/* 1039 */
+	const __half2 top = __half2half2(__ushort_as_half(0x7bff));	/* 65504 */
+	uint32_t	lo2 = (vw << 1) & 0x1e1e1e1eu,	/* 2c of each byte's low nibble */
+				hi2 = (vw >> 3) & 0x1e1e1e1eu;	/* and of its high nibble */
+	uint32_t	pv[4];
+
+	kw.x ^= 0x80808080u;
+	kw.y ^= 0x80808080u;
+	*k = make_uint4(i8x2_to_f16x2(kw.x, 0x4140u), i8x2_to_f16x2(kw.x, 0x4342u),
+					i8x2_to_f16x2(kw.y, 0x4140u), i8x2_to_f16x2(kw.y, 0x4342u));
+#pragma unroll
+	for (int e = 0; e < 4; e++)
+	{
+		/* elements 2e, 2e + 1: byte e's low then high nibble */
+		uint32_t	h = (__byte_perm(lo2, hi2, (uint32_t) (e | ((4 + e) << 8))) & 0x00ff00ffu) | 0x64006400u;
+		__half2		x = __hmul2(__hsub2(*reinterpret_cast<__half2 *>(&h), bias), s2);
+
+		x = __hmin2(__hmax2(x, __hneg2(top)), top);
+		pv[e] = *reinterpret_cast<uint32_t *>(&x);
+	}
+	*v = make_uint4(pv[0], pv[1], pv[2], pv[3]);
+}
+
 /* Decode key tile `kt` from its raw blocks into f16 K and V tiles
- * (swizzled): warp w takes keys w, w + NW, ...; a lane 8 consecutive dims
- * of each.  Keys outside [ks, ke) or in missing blocks become zeros (see
+ * (swizzled), and for turboquant each key's scale into ksc: warp w takes
+ * keys w, w + NW, ...; a lane 8 consecutive dims of each.  Keys outside
+ * [ks, ke) or in missing blocks become zeros, with scale 0 (see
  * tc_store_block: a masked probability of 0 times a NaN is still NaN). */
 template <int DT, int NW>
 __device__ __forceinline__ void
-pf_decode_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, const uint8_t *raw, int hbb_pad,
-			   unsigned char *Kt, unsigned char *Vt)
+pf_decode_tile(int kt, int ks, int ke, const uint8_t *raw, int hbb_pad, const int *present, unsigned char *Kt,
+			   unsigned char *Vt, float *ksc)
 {
 	using G = pf_geom<NW>;
 	int			lane = threadIdx.x & 31;
@@ -112,11 +153,24 @@ pf_decode_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, cons
 		int			p = kt * G::KT + j;
 		const uint8_t *hb = raw + (j / G4_KV_BLOCK_TOKENS) * hbb_pad;
 		int			off = j % G4_KV_BLOCK_TOKENS;
-		bool		live = p >= ks && p < ke && kv_head_block(a, slot, p, g) != NULL;
+		bool		live = p >= ks && p < ke && present[j / G4_KV_BLOCK_TOKENS];
 		int			d = 8 * lane;
 		float		kx[8],
 					vx[8];
 
+		if (DT == G4_KV_TURBOQUANT_K8V4)
+		{
+			uint4		k = make_uint4(0, 0, 0, 0),
+						v = make_uint4(0, 0, 0, 0);
+
+			if (live)
+				pf_decode_tq8(hb, off, d, &k, &v);
+			if (lane == 0)
+				ksc[j] = live ? g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_kscale_off(PF_HD) + 2 * off)) : 0.0f;
+			*reinterpret_cast<uint4 *>(Kt + swz<PF_HD>(j, d)) = k;
+			*reinterpret_cast<uint4 *>(Vt + swz<PF_HD>(j, d)) = v;
+			continue;
+		}
 		if (!live)
 		{
 #pragma unroll
@@ -162,27 +216,32 @@ pf_scores(const unsigned char *Qw, const unsigned char *Kt, float s[KT / 8][4])
 	}
 }
 
-/* Online softmax of one tile's scores (keys k0 ..): scale, mask each row
- * to its keys [lo, hi) (rows gr and gr + 8 of the warp), update the running
- * max m and sum l, rescale O, and leave the probabilities in s. */
+/* Online softmax of one tile's scores (keys k0 ..): scale (by the keys'
+ * own scales too where ksc is not NULL), mask each row to its keys [lo, hi)
+ * (rows gr and gr + 8 of the warp), update the running max m and sum l,
+ * rescale O where a row's max moved, and leave the probabilities in s. */
 template <int KT>
 __device__ __forceinline__ void
-pf_softmax(float s[KT / 8][4], int k0, float scale, const int lo[2], const int hi[2], float m[2], float l[2],
-		   float o[PF_HD / 8][4])
+pf_softmax(float s[KT / 8][4], int k0, float scale, const float *ksc, const int lo[2], const int hi[2], float m[2],
+		   float l[2], float o[PF_HD / 8][4])
 {
 	int			tq = threadIdx.x & 3;
 	float		corr[2];
 
 #pragma unroll
 	for (int n = 0; n < KT / 8; n++)
+	{
+		float2		kf = ksc ? *reinterpret_cast<const float2 *>(ksc + 8 * n + 2 * tq) : make_float2(1.0f, 1.0f);
+
 #pragma unroll
 		for (int e = 0; e < 4; e++)
 		{
 			int			h = e >> 1;
 			int			kp = k0 + 8 * n + 2 * tq + (e & 1);
 
-			s[n][e] = (kp < lo[h] || kp >= hi[h]) ? -INFINITY : s[n][e] * scale;
+			s[n][e] = (kp < lo[h] || kp >= hi[h]) ? -INFINITY : s[n][e] * (e & 1 ? kf.y : kf.x) * scale;
 		}
+	}
 #pragma unroll
 	for (int h = 0; h < 2; h++)
 	{
@@ -210,6 +269,10 @@ pf_softmax(float s[KT / 8][4], int k0, float scale, const int lo[2], const int h
 		sum += __shfl_xor_sync(0xffffffffu, sum, 2);
 		l[h] = l[h] * corr[h] + sum;
 	}
+	/* a factor of 1 changes nothing: once the rows' maxima settle, most
+	 * tiles skip the 128 multiplications */
+	if (__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f))
+		return;
 #pragma unroll
 	for (int i = 0; i < PF_HD / 8; i++)
 	{
@@ -256,7 +319,7 @@ attn_prefill_kernel(attn_args a)
 	using G = pf_geom<NW>;
 	constexpr int KT = G::KT;
 	constexpr bool ROT = DT == G4_KV_TURBOQUANT_K8V4;
-	constexpr int QP = ROT ? G::R / G::SR : 1;	/* passes through the float rows */
+	constexpr int QP = ROT ? G::R / G::SR : 1;	/* output passes through the float rows */
 	constexpr int PR = G::R / QP;	/* rows per pass */
 	extern __shared__ __align__(16) unsigned char sm_raw[];
 	int			hbb_pad = ((int) a.head_block_bytes + 15) / 16 * 16;
@@ -266,6 +329,8 @@ attn_prefill_kernel(attn_args a)
 	int		   *rlo = reinterpret_cast<int *>(raw + G::raw_bytes((int) a.head_block_bytes));
 	int		   *rhi = rlo + G::R;
 	int		   *kr = rhi + G::R;
+	float	   *ksc = reinterpret_cast<float *>(kr + 4);	/* [buffer][KT] */
+	int		   *present = reinterpret_cast<int *>(ksc + 2 * KT);	/* [raw buffer][PB] */
 	float	   *stage = reinterpret_cast<float *>(KV);
 	int			tile = blockIdx.x / a.n_kv;
 	int			g = blockIdx.x % a.n_kv;
@@ -292,18 +357,11 @@ attn_prefill_kernel(attn_args a)
 	/* the first two tiles' bytes travel while the queries are prepared */
 	if (ks < ke)
 	{
-		pf_stage_tile<NW>(a, slot, g, ks / KT, ks, ke, raw, hbb_pad);
+		pf_stage_tile<NW>(a, slot, g, ks / KT, ks, ke, raw, hbb_pad, present);
 		if ((ke - 1) / KT > ks / KT)
-			pf_stage_tile<NW>(a, slot, g, ks / KT + 1, ks, ke, raw + G::PB * hbb_pad, hbb_pad);
+			pf_stage_tile<NW>(a, slot, g, ks / KT + 1, ks, ke, raw + G::PB * hbb_pad, hbb_pad, present + G::PB);
 	}
-	for (int pass = 0; pass < QP; pass++)
-	{
-		int			tk = pass * PR / a.gq;	/* tokens before this pass's rows */
-
-		tile_queries_f16<PF_HD>(a, t0 + tk, ntok - tk, g, PR, ROT, stage, Qs + swz<PF_HD>(pass * PR, 0));
-		if (QP > 1)
-			__syncthreads();	/* the float rows are reused */
-	}
+	tile_queries_f16<PF_HD>(a, t0, ntok, g, G::R, ROT, Qs);
 #pragma unroll
 	for (int i = 0; i < PF_HD / 8; i++)
 		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
@@ -344,7 +402,7 @@ attn_prefill_kernel(attn_args a)
 		else
 			g4c_cp_async_wait<0>();
 		__syncthreads();		/* Qs, and the first tile's raw bytes */
-		pf_decode_tile<DT, NW>(a, slot, g, kt0, ks, ke, raw, hbb_pad, KV, KV + G::TILE_BYTES);
+		pf_decode_tile<DT, NW>(kt0, ks, ke, raw, hbb_pad, present, KV, KV + G::TILE_BYTES, ksc);
 		for (int kt = kt0; kt <= kt1; kt++)
 		{
 			int			b = (kt - kt0) & 1;
@@ -357,17 +415,17 @@ attn_prefill_kernel(attn_args a)
 			g4c_cp_async_wait<0>();
 			__syncthreads();
 			if (kt + 2 <= kt1)
-				pf_stage_tile<NW>(a, slot, g, kt + 2, ks, ke, raw + b * G::PB * hbb_pad, hbb_pad);
+				pf_stage_tile<NW>(a, slot, g, kt + 2, ks, ke, raw + b * G::PB * hbb_pad, hbb_pad, present + b * G::PB);
 			if (kt + 1 <= kt1)
-				pf_decode_tile<DT, NW>(a, slot, g, kt + 1, ks, ke, raw + (1 - b) * G::PB * hbb_pad, hbb_pad,
-									   Kn, Kn + G::TILE_BYTES);
+				pf_decode_tile<DT, NW>(kt + 1, ks, ke, raw + (1 - b) * G::PB * hbb_pad, hbb_pad,
+									   present + (1 - b) * G::PB, Kn, Kn + G::TILE_BYTES, ksc + (1 - b) * KT);
 			/* a warp whose rows see none of this tile's keys skips it */
 			if (kt * KT < whi && (kt + 1) * KT > wlo)
 			{
 				float		s[KT / 8][4];
 
 				pf_scores<KT>(Qw, Kt, s);
-				pf_softmax<KT>(s, kt * KT, a.scale, lo, hi, m, l, o);
+				pf_softmax<KT>(s, kt * KT, a.scale, DT == G4_KV_TURBOQUANT_K8V4 ? ksc + b * KT : NULL, lo, hi, m, l, o);
 				pf_accumulate<KT>(s, Kt + G::TILE_BYTES, o);
 			}
 		}
@@ -421,7 +479,7 @@ attn_prefill_kernel(attn_args a)
 		{
 			__syncthreads();
 			/* turboquant values were rotated: undo once per row */
-			tile_store_rotated(stage, PR, PF_HD, map);
+			tile_store_rotated<PF_HD>(stage, PR, map);
 		}
 	}
 }

@@ -57,7 +57,19 @@
  */
 #include "matmul.cuh"
 
-#define GEMV_U 2				/* tiles per register buffer (two buffers) */
+/* Tiles per register buffer (two buffers) and independent accumulator sets
+ * (the scale FMAs' chains) for NT n8 tiles. */
+__host__ __device__ constexpr int
+gemv_u(int nt)
+{
+	return nt == 4 ? 4 : 2;
+}
+
+__host__ __device__ constexpr int
+gemv_chains(int nt)
+{
+	return nt == 1 ? 2 : 1;
+}
 #define GEMV_NK_MAX 256			/* k-tiles a block may stage: above any GPU's shared memory */
 
 /* Blocks per SM that the registers of NT tiles allow (__launch_bounds__):
@@ -92,12 +104,13 @@ gemv_ld_scale(const uint32_t *p)
 	return r;
 }
 
-/* Issue the loads of tiles i .. i + GEMV_U - 1 of the warp's nt tiles. */
+/* Issue the loads of tiles i .. i + U - 1 of the warp's nt tiles. */
+template <int U>
 __device__ __forceinline__ void
-gemv_fetch(wtile<G4C_W_I4> b[GEMV_U], const uint4 *wp, const uint32_t *sp, int i, int nt)
+gemv_fetch(wtile<G4C_W_I4> b[U], const uint4 *wp, const uint32_t *sp, int i, int nt)
 {
 #pragma unroll
-	for (int j = 0; j < GEMV_U; j++)
+	for (int j = 0; j < U; j++)
 		if (i + j < nt)			/* warp-uniform */
 		{
 			b[j].w = gemv_ld_stream(wp + (size_t) (i + j) * 32);
@@ -106,17 +119,19 @@ gemv_fetch(wtile<G4C_W_I4> b[GEMV_U], const uint4 *wp, const uint32_t *sp, int i
 		}
 }
 
-/* Dequantise and multiply tiles i .. i + GEMV_U - 1 (staged k-tiles of the
- * block's range); tile j of a buffer adds into accumulator set j, so that
- * the scale FMAs form GEMV_U independent chains. */
+/* Dequantise and multiply tiles i .. i + U - 1 (staged k-tiles of the
+ * block's range); tile j of a buffer adds into accumulator set j % C, so
+ * that the scale FMAs form C independent chains (with NT > 1 the NT tiles'
+ * chains are independent already). */
 template <int NT>
 __device__ __forceinline__ void
-gemv_consume(const wtile<G4C_W_I4> b[GEMV_U], float acc[GEMV_U][NT][4], const void *xs, int i, int nt, int lane)
+gemv_consume(const wtile<G4C_W_I4> b[gemv_u(NT)], float acc[gemv_chains(NT)][NT][4], const void *xs, int i, int nt,
+			 int lane)
 {
 #pragma unroll
-	for (int j = 0; j < GEMV_U; j++)
+	for (int j = 0; j < gemv_u(NT); j++)
 		if (i + j < nt)
-			tile_mma<NT>(acc[j], b[j], xs, i + j, lane);
+			tile_mma<NT>(acc[j % gemv_chains(NT)], b[j], xs, i + j, lane);
 }
 
 /*
@@ -209,20 +224,22 @@ gemv_i4_kernel(skinny_args a)
 	const size_t tile0 = (size_t) (u < a.U ? u : 0) * (size_t) a.KT + (size_t) kt0;
 	const uint4 *wp = a.tiles + tile0 * 32 + lane;
 	const uint32_t *sp = a.scales + tile0 * 16 + (lane >> 2);
-	wtile<G4C_W_I4> b0[GEMV_U],
-				b1[GEMV_U];
-	float		acc[GEMV_U][NT][4],
+	constexpr int U = gemv_u(NT),
+				C = gemv_chains(NT);
+	wtile<G4C_W_I4> b0[U],
+				b1[U];
+	float		acc[C][NT][4],
 				sum[NT][4];
 
 #pragma unroll
-	for (int j = 0; j < GEMV_U; j++)
+	for (int j = 0; j < C; j++)
 #pragma unroll
 		for (int q = 0; q < NT; q++)
 			acc[j][q][0] = acc[j][q][1] = acc[j][q][2] = acc[j][q][3] = 0.0f;
 	g4c_pdl_trigger();
 	/* 2U tiles in flight before anything else */
-	gemv_fetch(b0, wp, sp, 0, nt);
-	gemv_fetch(b1, wp, sp, GEMV_U, nt);
+	gemv_fetch<U>(b0, wp, sp, 0, nt);
+	gemv_fetch<U>(b1, wp, sp, U, nt);
 	/* Always true (ksplit >= 1), so the wait stays unconditional; written
 	 * plainly, ptxas (nvcc 13.0) scheduled griddepcontrol.wait above the .nc
 	 * loads, which defeats the overlap; behind a branch it stays after them
@@ -231,12 +248,12 @@ gemv_i4_kernel(skinny_args a)
 		g4c_pdl_wait();
 	gemv_stage_x<NT>(a.x, a.n, a.K, kt0, kt1 - kt0, reinterpret_cast<uint2 *>(smem));
 	__syncthreads();
-	for (int i = 0; i < nt; i += 2 * GEMV_U)
+	for (int i = 0; i < nt; i += 2 * U)
 	{
 		gemv_consume<NT>(b0, acc, smem, i, nt, lane);	/* b1 in flight */
-		gemv_fetch(b0, wp, sp, i + 2 * GEMV_U, nt);
-		gemv_consume<NT>(b1, acc, smem, i + GEMV_U, nt, lane);	/* b0 in flight */
-		gemv_fetch(b1, wp, sp, i + 3 * GEMV_U, nt);
+		gemv_fetch<U>(b0, wp, sp, i + 2 * U, nt);
+		gemv_consume<NT>(b1, acc, smem, i + U, nt, lane);	/* b0 in flight */
+		gemv_fetch<U>(b1, wp, sp, i + 3 * U, nt);
 	}
 #pragma unroll
 	for (int q = 0; q < NT; q++)
@@ -245,7 +262,7 @@ gemv_i4_kernel(skinny_args a)
 		{
 			sum[q][e] = acc[0][q][e];
 #pragma unroll
-			for (int j = 1; j < GEMV_U; j++)
+			for (int j = 1; j < C; j++)
 				sum[q][e] += acc[j][q][e];
 		}
 	{

@@ -11,14 +11,11 @@
  * turboquant_k8v4: lane l holds elements [l·P, l·P + P) of the head in
  * registers (P = head_dim / 32; head widths below 32 give one element to
  * each of the first head_dim lanes, the others hold 0 and write nothing).
- * The Hadamard stages shorter than P are kvformat.h's butterflies inside
- * the thread; a longer stage `len` pairs lane l with lane l ^ (len / P),
- * the lane of the lower index taking a + b and the other a - b, the same
- * operations as g4_hadamard_butterfly.  The amaxes are warp shuffles (the
- * key over the whole warp, each value group over its G / P lanes), scales
- * and codes are kvformat.h's, and a lane's codes are contiguous in the
- * pool, so it stores them at once (8 bytes of key, 4 of value nibbles at
- * head_dim 256).  f32 and bf16 are copies, four elements per access where
+ * The Hadamard transform is hadamard_warp (cuda_common.cuh).  The amaxes
+ * are warp shuffles (the key over the whole warp, each value group over its
+ * G / P lanes), scales and codes are kvformat.h's, and a lane's codes are
+ * contiguous in the pool, so it stores them at once (8 bytes of key, 4 of
+ * value nibbles at head_dim 256).  f32 and bf16 are copies, four elements per access where
  * the rows are aligned.
  */
 #include <math.h>
@@ -195,43 +192,6 @@ load_lane(float x[P], const float *row, int hd, int vec)
 #pragma unroll
 	for (int i = 0; i < P; i++)
 		x[i] = lane * P + i < hd ? row[lane * P + i] : 0.0f;
-}
-
-/* In place on the warp's hd elements (a power of two), with the operations
- * of g4_hadamard (kvformat.h). */
-template <int P>
-__device__ __forceinline__ void
-hadamard_warp(float x[P], int hd)
-{
-	int			lane = threadIdx.x & 31;
-	int			data_lanes = P > 1 ? 32 : hd;
-	float		norm = g4_hadamard_norm(hd);
-
-	/* stages within the lane: a P-element transform of its own */
-#pragma unroll
-	for (int len = 1; len < P; len <<= 1)
-#pragma unroll
-		for (int q = 0; q < P / 2; q++)
-			g4_hadamard_butterfly(x, len, q);
-	/* stage len = m·P: element i of lane l pairs with element i of lane
-	 * l ^ m, the lower index being in the lane whose bit m is clear (a
-	 * constant trip count, unrolled, when the head fills the warp) */
-#pragma unroll
-	for (int m = 1; m < data_lanes; m <<= 1)
-	{
-		bool		upper = (lane & m) != 0;
-
-#pragma unroll
-		for (int i = 0; i < P; i++)
-		{
-			float		o = __shfl_xor_sync(FULL_MASK, x[i], m);
-
-			x[i] = upper ? G4_KV_SUB(o, x[i]) : G4_KV_ADD(x[i], o);
-		}
-	}
-#pragma unroll
-	for (int i = 0; i < P; i++)
-		x[i] = G4_KV_MUL(x[i], norm);
 }
 
 /* max |x| over this lane's elements and those of the `lanes` lanes (a power
