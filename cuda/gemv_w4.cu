@@ -11,7 +11,9 @@
  *    ld.global.nc.L1::no_allocate straight into registers, plus its rows'
  *    two scale words: no shared-memory staging of weights;
  *  - a warp owns one unit (16 output rows) and a range of consecutive
- *    k-tiles, held in two register buffers of GEMV_U = 2 tiles: one
+ *    k-tiles, held in two register buffers of gemv_u(NT) tiles (2, and 4
+ *    for 9 to 16 rows, whose kernel is held to 2 blocks per SM: more bytes
+ *    in flight per warp, 4 % faster on gate_up at 16 rows, run 20): one
  *    buffer's loads are in flight while the other is dequantised and
  *    multiplied, then refilled.  Each (tile, group of 32 columns) is its own
  *    2-MMA chain started from zero, scaled into float32 accumulators
