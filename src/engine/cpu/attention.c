@@ -1,6 +1,6 @@
 /*
- * attention.c — CPU reference of the KV store and of attention over the
- * paged pool.
+ * attention.c — CPU reference of attention over the paged pool
+ * (cuda/attention*.cu).
  *
  * Attention streams each query's visible keys [lo, hi) with an online
  * softmax (running maximum and sum), so memory stays O(head_dim) whatever
@@ -19,67 +19,7 @@
 #include "util.h"
 
 #define SPLIT_KEYS 512
-#define MAX_HD 512
 #define MAX_GROUP 32			/* query heads per KV head */
-
-static uint8_t *
-head_block(const g4_cpu *c, const g4_kv_layer *L, int slot, int pos, int kv_head)
-{
-	const g4_kv_pool_desc *kv = &c->kv;
-	int			g = L->group;
-	int32_t		blk = kv->block_tables[g][(size_t) slot * (size_t) kv->max_blocks_per_seq +
-										  (size_t) (pos / G4_KV_BLOCK_TOKENS)];
-	size_t		hb = g4_kv_head_block_bytes(kv->dtype, L->head_dim, L->k_eq_v);
-
-	if (blk < 0)
-		return NULL;
-	return kv->base[g] + (size_t) L->index * kv->layer_stride[g] + (size_t) blk * kv->layer_block_bytes[g] +
-		(size_t) kv_head * hb;
-}
-
-typedef struct
-{
-	g4_cpu	   *c;
-	const g4_kv_layer *L;
-	const float *k;
-	int			k_stride;
-	const float *v;
-	int			v_stride;
-	int			bad;
-} store_ctx;
-
-static void
-store_item(void *arg, int64_t item, int thread)
-{
-	store_ctx  *s = arg;
-	const g4_kv_layer *L = s->L;
-	int			t = (int) (item / L->n_kv_heads);
-	int			g = (int) (item % L->n_kv_heads);
-	int			pos = s->c->pos[t];
-	uint8_t    *blk = head_block(s->c, L, s->c->slot[t], pos, g);
-	const float *k = s->k ? s->k + (size_t) t * s->k_stride + (size_t) g * L->head_dim : NULL;
-	const float *v = s->v + (size_t) t * s->v_stride + (size_t) g * L->head_dim;
-
-	if (!blk)
-	{
-		s->bad = 1;				/* the scheduler must have allocated this block */
-		return;
-	}
-	g4_kv_encode_head(s->c->kv.dtype, L->k_eq_v, L->head_dim, blk, pos % G4_KV_BLOCK_TOKENS, k, v);
-}
-
-int
-g4_cpu_kv_store(g4_backend *be, const g4_kv_layer *L, const float *k, int k_stride,
-				const float *v, int v_stride, int n)
-{
-	g4_cpu	   *c = g4_cpu_of(be);
-	store_ctx	s = {c, L, k, k_stride, v, v_stride, 0};
-
-	if (!c->kv_configured || L->head_dim > MAX_HD)
-		return G4_ERR_INTERNAL;
-	g4_pool_run(c->pool, (int64_t) n * L->n_kv_heads, store_item, &s);
-	return s.bad ? G4_ERR_INTERNAL : G4_OK;
-}
 
 typedef struct
 {
@@ -104,9 +44,9 @@ attend_range(const attn_ctx *a, int t, int g, int j0, int j1, float *acc, float 
 	int			gq = L->n_heads / L->n_kv_heads;
 	int			dtype = c->kv.dtype;
 	int			rotated = dtype == G4_KV_TURBOQUANT_K8V4 && !L->k_eq_v;
-	float		qh[MAX_GROUP][MAX_HD];
-	float		key[MAX_HD];
-	float		val[MAX_HD];
+	float		qh[MAX_GROUP][G4_CPU_MAX_HD];
+	float		key[G4_CPU_MAX_HD];
+	float		val[G4_CPU_MAX_HD];
 	int			h,
 				j,
 				d;
@@ -122,7 +62,7 @@ attend_range(const attn_ctx *a, int t, int g, int j0, int j1, float *acc, float 
 	}
 	for (j = j0; j < j1; j++)
 	{
-		const uint8_t *blk = head_block(c, L, c->slot[t], j, g);
+		const uint8_t *blk = g4_cpu_head_block(c, L, c->slot[t], j, g);
 		int			off = j % G4_KV_BLOCK_TOKENS;
 
 		if (!blk)
@@ -234,8 +174,8 @@ attn_item(void *arg, int64_t item, int thread)
 	int			lo = a->c->lo[L->group][t];
 	int			hi = a->c->hi[L->group][t];
 	int			ns = n_splits_of(a, t);
-	float		acc[MAX_GROUP * MAX_HD];
-	float		run[MAX_GROUP * MAX_HD];
+	float		acc[MAX_GROUP * G4_CPU_MAX_HD];
+	float		run[MAX_GROUP * G4_CPU_MAX_HD];
 	float		mx[MAX_GROUP],
 				sum[MAX_GROUP],
 				M[MAX_GROUP],
@@ -272,7 +212,7 @@ split_item(void *arg, int64_t item, int thread)
 	int			g = (int) ((item / a->max_splits) % L->n_kv_heads);
 	int			t = (int) (item / a->max_splits / L->n_kv_heads);
 	int			j0 = a->c->lo[L->group][t] + s * SPLIT_KEYS;
-	float		acc[MAX_GROUP * MAX_HD];
+	float		acc[MAX_GROUP * G4_CPU_MAX_HD];
 	float		mx[MAX_GROUP],
 				sum[MAX_GROUP];
 	int			h;
@@ -305,7 +245,7 @@ merge_item(void *arg, int64_t item, int thread)
 	int			g = (int) (item % L->n_kv_heads);
 	int			t = (int) (item / L->n_kv_heads);
 	int			ns = n_splits_of(a, t);
-	float		run[MAX_HD];
+	float		run[G4_CPU_MAX_HD];
 	int			h,
 				s;
 
@@ -332,7 +272,7 @@ g4_cpu_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_str
 	int			threads = g4_pool_threads(c->pool);
 	int			t;
 
-	if (!c->kv_configured || L->head_dim > MAX_HD || L->n_heads % L->n_kv_heads != 0)
+	if (!c->kv_configured || L->head_dim > G4_CPU_MAX_HD || L->n_heads % L->n_kv_heads != 0)
 		return G4_ERR_INTERNAL;
 	if (L->n_heads / L->n_kv_heads > MAX_GROUP)
 		return G4_ERR_UNSUPPORTED;

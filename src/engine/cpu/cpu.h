@@ -47,22 +47,46 @@ g4_cpu_of(g4_backend *be)
 	return (g4_cpu *) be;
 }
 
-/* operation entry points, by file */
-/* ops_dense.c */
+/* The largest head_dim of the KV pool's layers: the bound of the per-head
+ * stack buffers of kv_codec.c, kv_store.c and attention.c. */
+#define G4_CPU_MAX_HD 512
+
+/* The head block of (layer L, sequence slot, position pos, KV head) in the
+ * pool, NULL where the slot holds no block for pos. */
+static inline uint8_t *
+g4_cpu_head_block(const g4_cpu *c, const g4_kv_layer *L, int slot, int pos, int kv_head)
+{
+	const g4_kv_pool_desc *kv = &c->kv;
+	int			g = L->group;
+	int32_t		blk = kv->block_tables[g][(size_t) slot * (size_t) kv->max_blocks_per_seq +
+										  (size_t) (pos / G4_KV_BLOCK_TOKENS)];
+	size_t		hb = g4_kv_head_block_bytes(kv->dtype, L->head_dim, L->k_eq_v);
+
+	if (blk < 0)
+		return NULL;
+	return kv->base[g] + (size_t) L->index * kv->layer_stride[g] + (size_t) blk * kv->layer_block_bytes[g] +
+		(size_t) kv_head * hb;
+}
+
+/* operation entry points, by file (each the CPU reference of the
+ * cuda/ file of the same name) */
+/* elementwise.c */
 int			g4_cpu_embed(g4_backend *be, const g4_weight *table, float scale, float *out);
 int			g4_cpu_embed_concat(g4_backend *be, const g4_weight *table, float scale, const int32_t *ids,
 								const float *h, int h_dim, int n, float *out);
+int			g4_cpu_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
+int			g4_cpu_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
+int			g4_cpu_softcap(g4_backend *be, float *x, size_t count, float cap);
+/* norm_rope.c */
 int			g4_cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim,
 						   float eps, float *y);
 int			g4_cpu_head_norm_rope(g4_backend *be, float *x, int n, int stride, int heads, int hd,
 								  const float *w, float eps, const float *inv_freq);
-int			g4_cpu_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
 int			g4_cpu_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
 							   int dim, float eps, float scale, const float *next_w, float *y);
-int			g4_cpu_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
+/* sample.c */
 int			g4_cpu_argmax(g4_backend *be, const float *logits, int n, int vocab, int32_t *ids);
-int			g4_cpu_softcap(g4_backend *be, float *x, size_t count, float cap);
-/* ops_embed.c */
+/* embed_ops.c */
 int			g4_cpu_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows,
 							 int dim, float eps, float *y);
 int			g4_cpu_add_bias(g4_backend *be, float *x, const float *b, int rows, int dim);
@@ -70,9 +94,10 @@ int			g4_cpu_add_pos2d(g4_backend *be, float *x, const float *table, const int32
 							 int dim);
 /* matmul.c */
 int			g4_cpu_matmul(g4_backend *be, const g4_weight *w, const float *x, int n, float *y);
-/* attention.c */
+/* kv_store.c */
 int			g4_cpu_kv_store(g4_backend *be, const g4_kv_layer *L, const float *k, int k_stride,
 							const float *v, int v_stride, int n);
+/* attention.c */
 int			g4_cpu_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride,
 							 int n, float *out);
 
@@ -85,7 +110,8 @@ void		g4_kv_decode_k(int dtype, int k_eq_v, int head_dim, const uint8_t *head_bl
 void		g4_kv_decode_v(int dtype, int k_eq_v, int head_dim, const uint8_t *head_block, int off,
 						   float *v);
 
-/* RoPE of one vector (rotate-half pairs j, j + hd/2) at a position. */
+/* norm_rope.c: RoPE of one vector (rotate-half pairs j, j + hd/2) at a
+ * position. */
 void		g4_rope_apply(float *x, int hd, int pos, const float *inv_freq);
 
 #endif

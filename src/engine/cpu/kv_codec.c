@@ -76,7 +76,7 @@ g4_kv_encode_head(int dtype, int k_eq_v, int hd, uint8_t *blk, int off, const fl
 	/* turboquant_k8v4: the key (or, for k_eq_v layers, the plain value) as
 	 * int8 with one scale, the rotated value as 4-bit codes */
 	{
-		float		rot[512];
+		float		rot[G4_CPU_MAX_HD];
 		int8_t	   *kq = (int8_t *) blk + (size_t) off * hd;
 		float		inv;
 		uint16_t	s;
@@ -181,31 +181,5 @@ g4_kv_decode_v(int dtype, int k_eq_v, int hd, const uint8_t *blk, int off, float
 			v[2 * i] = g4_kv_v4_value(vq[i] & 15, s);
 			v[2 * i + 1] = g4_kv_v4_value(vq[i] >> 4, s);
 		}
-	}
-}
-
-void
-g4_rope_apply(float *x, int hd, int pos, const float *inv_freq)
-{
-	int			half = hd / 2;
-	int			j;
-
-	for (j = 0; j < half; j++)
-	{
-		float		angle;
-		float		c,
-					s;
-		float		a,
-					b;
-
-		if (inv_freq[j] == 0.0f)
-			continue;			/* cos 0 = 1, sin 0 = 0: the pair passes through */
-		angle = (float) pos * inv_freq[j];
-		c = cosf(angle);
-		s = sinf(angle);
-		a = x[j];
-		b = x[j + half];
-		x[j] = a * c - b * s;
-		x[j + half] = b * c + a * s;
 	}
 }

@@ -1,7 +1,7 @@
 /*
- * ops_embed.c — CPU reference of the media embedders' row operations:
- * LayerNorm with weight and bias, bias add, and the factorised 2-D position
- * embedding of image patches.
+ * embed_ops.c — CPU reference of the media embedders' row operations
+ * (cuda/embed_ops.cu): LayerNorm with weight and bias, bias add, and the
+ * factorised 2-D position embedding of image patches.
  *
  * LayerNorm follows torch.nn.LayerNorm in float32: mean and biased variance
  * (accumulated in double here), y = (x - mean) * (var + eps)^-0.5 * w + b,
