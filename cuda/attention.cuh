@@ -149,59 +149,12 @@ decode_elems(const uint8_t *hb, int off, int hd, int d0, bool k, bool k_eq_v, fl
 	}
 }
 
-/* Lane's elements [lane·P, lane·P + P) of a row of HD floats (0 past HD):
- * the layout of hadamard_warp; four at a time where the row is 16-byte
- * aligned (query and output rows need not be). */
-template <int HD>
-__device__ __forceinline__ void
-row_to_lane(const float *row, float x[HD >= 32 ? HD / 32 : 1])
+/* 16-byte accesses to a row only where it is aligned: query and output rows
+ * need not be. */
+__device__ __forceinline__ int
+row_aligned16(const float *row)
 {
-	constexpr int P = HD >= 32 ? HD / 32 : 1;
-	int			lane = threadIdx.x & 31;
-
-	if constexpr (P % 4 == 0)
-	{
-		if ((reinterpret_cast<uintptr_t>(row) & 15) == 0)
-		{
-#pragma unroll
-			for (int i = 0; i < P; i += 4)
-			{
-				float4		f = *reinterpret_cast<const float4 *>(row + lane * P + i);
-
-				x[i] = f.x;
-				x[i + 1] = f.y;
-				x[i + 2] = f.z;
-				x[i + 3] = f.w;
-			}
-			return;
-		}
-	}
-#pragma unroll
-	for (int i = 0; i < P; i++)
-		x[i] = lane * P + i < HD ? row[lane * P + i] : 0.0f;
-}
-
-template <int HD>
-__device__ __forceinline__ void
-lane_to_row(const float x[HD >= 32 ? HD / 32 : 1], float *row)
-{
-	constexpr int P = HD >= 32 ? HD / 32 : 1;
-	int			lane = threadIdx.x & 31;
-
-	if constexpr (P % 4 == 0)
-	{
-		if ((reinterpret_cast<uintptr_t>(row) & 15) == 0)
-		{
-#pragma unroll
-			for (int i = 0; i < P; i += 4)
-				*reinterpret_cast<float4 *>(row + lane * P + i) = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
-			return;
-		}
-	}
-#pragma unroll
-	for (int i = 0; i < P; i++)
-		if (lane * P + i < HD)
-			row[lane * P + i] = x[i];
+	return (reinterpret_cast<uintptr_t>(row) & 15) == 0;
 }
 
 /* The Hadamard transform of `rows` rows of HD floats, `stride` apart in
@@ -212,13 +165,16 @@ template <int HD>
 static __device__ void
 hadamard_rows(float *x, int rows, int stride)
 {
+	constexpr int P = HD >= 32 ? HD / 32 : 1;
+
 	for (int r = threadIdx.x >> 5; r < rows; r += blockDim.x >> 5)
 	{
-		float		v[HD >= 32 ? HD / 32 : 1];
+		float	   *row = x + (size_t) r * stride;
+		float		v[P];
 
-		row_to_lane<HD>(x + (size_t) r * stride, v);
-		hadamard_warp<HD >= 32 ? HD / 32 : 1>(v, HD);
-		lane_to_row<HD>(v, x + (size_t) r * stride);
+		lane_load<P>(v, row, HD, row_aligned16(row));
+		hadamard_warp<P>(v, HD);
+		lane_store<P>(v, row, HD, row_aligned16(row));
 	}
 	__syncthreads();
 }
@@ -434,7 +390,11 @@ tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, u
 			float		x[P];
 
 			if (tt < ntok)
-				row_to_lane<HD>(a.q + (size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD, x);
+			{
+				const float *row = a.q + (size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD;
+
+				lane_load<P>(x, row, HD, row_aligned16(row));
+			}
 			else
 			{
 #pragma unroll
@@ -470,16 +430,19 @@ template <int HD>
 static __device__ void
 tile_store_rotated(const float *st, int R, const row_map &map)
 {
+	constexpr int P = HD >= 32 ? HD / 32 : 1;
+
 	for (int r = threadIdx.x >> 5; r < R; r += blockDim.x >> 5)
 	{
+		const float *src = st + (size_t) r * HD;
 		float	   *dst = map.row(r);
-		float		x[HD >= 32 ? HD / 32 : 1];
+		float		x[P];
 
 		if (!dst)
 			continue;			/* warp-uniform */
-		row_to_lane<HD>(st + (size_t) r * HD, x);
-		hadamard_warp<HD >= 32 ? HD / 32 : 1>(x, HD);
-		lane_to_row<HD>(x, dst);
+		lane_load<P>(x, src, HD, row_aligned16(src));
+		hadamard_warp<P>(x, HD);
+		lane_store<P>(x, dst, HD, row_aligned16(dst));
 	}
 }
 

@@ -328,6 +328,61 @@ hadamard_warp(float x[P], int hd)
 		x[i] = G4_KV_MUL(x[i], norm);
 }
 
+/* x = this lane's P elements [lane·P, lane·P + P) of a row of hd floats (0
+ * past hd): the layout of hadamard_warp; by 16-byte loads where vec (the row
+ * 16-byte aligned, P a multiple of 4). */
+template <int P>
+__device__ __forceinline__ void
+lane_load(float x[P], const float *row, int hd, int vec)
+{
+	int			lane = threadIdx.x & 31;
+
+	if constexpr (P % 4 == 0)
+	{
+		if (vec)
+		{
+#pragma unroll
+			for (int i = 0; i < P; i += 4)
+			{
+				float4		f = *(const float4 *) (row + lane * P + i);
+
+				x[i] = f.x;
+				x[i + 1] = f.y;
+				x[i + 2] = f.z;
+				x[i + 3] = f.w;
+			}
+			return;
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < P; i++)
+		x[i] = lane * P + i < hd ? row[lane * P + i] : 0.0f;
+}
+
+/* The inverse of lane_load: this lane's P elements into the row (none past
+ * hd). */
+template <int P>
+__device__ __forceinline__ void
+lane_store(const float x[P], float *row, int hd, int vec)
+{
+	int			lane = threadIdx.x & 31;
+
+	if constexpr (P % 4 == 0)
+	{
+		if (vec)
+		{
+#pragma unroll
+			for (int i = 0; i < P; i += 4)
+				*(float4 *) (row + lane * P + i) = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+			return;
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < P; i++)
+		if (lane * P + i < hd)
+			row[lane * P + i] = x[i];
+}
+
 /* The bf16 pair (code - 8) of nibbles p and p + 4 of a packed I4 word:
  * {128 + c, 128 + c'} by (a & b) | c in one lop3 (written plainly, ptxas
  * emits two instructions), then one subtraction. */

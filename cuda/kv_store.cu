@@ -165,35 +165,6 @@ kv_store_copy_kernel(store_args a)
 
 /* ---- turboquant_k8v4, P elements per lane ---- */
 
-/* x = this lane's P elements of the row (0 past hd). */
-template <int P>
-__device__ __forceinline__ void
-load_lane(float x[P], const float *row, int hd, int vec)
-{
-	int			lane = threadIdx.x & 31;
-
-	if constexpr (P % 4 == 0)
-	{
-		if (vec)
-		{
-#pragma unroll
-			for (int i = 0; i < P; i += 4)
-			{
-				float4		f = *(const float4 *) (row + lane * P + i);
-
-				x[i] = f.x;
-				x[i + 1] = f.y;
-				x[i + 2] = f.z;
-				x[i + 3] = f.w;
-			}
-			return;
-		}
-	}
-#pragma unroll
-	for (int i = 0; i < P; i++)
-		x[i] = lane * P + i < hd ? row[lane * P + i] : 0.0f;
-}
-
 /* max |x| over this lane's elements and those of the `lanes` lanes (a power
  * of two) of its aligned lane group. */
 template <int P>
@@ -296,14 +267,14 @@ kv_store_tq_kernel(store_args a)
 	if (a.k_eq_v)
 	{
 		/* not rotated: attention applies RoPE to the plain vector */
-		load_lane<P>(vx, it.v, a.hd, a.vec);
+		lane_load<P>(vx, it.v, a.hd, a.vec);
 		store_k8<P>(vx, it.hb, it.off, a.hd);
 		return;
 	}
 	/* both rows loaded, then both transformed: their loads and shuffle
 	 * chains are independent and overlap */
-	load_lane<P>(kx, it.k, a.hd, a.vec);
-	load_lane<P>(vx, it.v, a.hd, a.vec);
+	lane_load<P>(kx, it.k, a.hd, a.vec);
+	lane_load<P>(vx, it.v, a.hd, a.vec);
 	hadamard_warp<P>(kx, a.hd);
 	hadamard_warp<P>(vx, a.hd);
 	store_k8<P>(kx, it.hb, it.off, a.hd);
