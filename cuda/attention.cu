@@ -785,14 +785,26 @@ typedef struct
 	int			per_sm;			/* blocks resident per SM (how many splits fill the GPU) */
 	int			waves;			/* splits also bounded by choose_splits_waves */
 	int			min_keys;		/* keys per split, at least */
+	int			split_rows;		/* decode kernels: the step's sequences, which the
+								 * split count is chosen for (0: its blocks) */
 } attn_choice;
+
+/* Steps whose sequences bring at most this many consecutive tokens each go
+ * to the decode kernels, one block per token: plain decode (1) and verify
+ * steps (1 + the drafts, at most 8). */
+#define ATTN_DECODE_MAX_RUN 8
 
 /*
  * The choice, by shape (figures: test/bench/RESULTS.md):
  *  - decode kernels: turboquant head_dim 256 without k_eq_v
  *    (attention_decode.cu) and head_dim 512 with k_eq_v, up to 16 query
- *    heads per KV head (attention_decode_full.cu), on steps whose tokens
- *    are each a tile of their own (every sequence decodes one token).
+ *    heads per KV head (attention_decode_full.cu), on steps whose
+ *    sequences bring at most ATTN_DECODE_MAX_RUN tokens each: plain decode
+ *    and verify steps.  Their split count is chosen for the step's
+ *    sequences, not its tokens, so a verify step computes each token's
+ *    attention exactly as the decode step of that token would (a verify
+ *    step of 5 tokens on the tensor-core kernel: 48.6 us per sliding layer
+ *    at batch 1 against 15.6 for a decode step, run 56).
  *    G4_ATTN_DECODE=off turns them off, so benchmarks can time the kernels
  *    they replace on the same shapes;
  *  - prefill kernel (attention_prefill.cu): head_dim 256 without k_eq_v,
@@ -833,9 +845,16 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 		G4C_CHECK(c, cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
 	memset(ch, 0, sizeof(*ch));
 	ch->min_keys = ATTN_SPLIT_MIN_KEYS;
-	if (c->n_tiles[G4C_TPC_LEVELS - 1] == n && !(dec_env && strcmp(dec_env, "off") == 0))
+	/* runs of consecutive tokens of one sequence: every run fits a tile of
+	 * ATTN_DECODE_MAX_RUN tokens when there are as many such tiles as
+	 * 64-token ones */
+	if (c->n_tiles[log2i(ATTN_DECODE_MAX_RUN)] == c->n_tiles[G4C_TPC_LEVELS - 1] &&
+		!(dec_env && strcmp(dec_env, "off") == 0))
 	{
-		ch->fn = attn_decode_kernel_for(hd, dtype, L->k_eq_v, gq, n * L->n_kv_heads, c->sm_count, &ch->smem);
+		int			seqs = c->n_tiles[G4C_TPC_LEVELS - 1];
+
+		ch->split_rows = seqs;
+		ch->fn = attn_decode_kernel_for(hd, dtype, L->k_eq_v, gq, seqs * L->n_kv_heads, c->sm_count, &ch->smem);
 		if (ch->fn)
 		{
 			ch->name = "attention (decode)";
@@ -949,15 +968,19 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.partial = NULL;
 	a.tiles = ch.level >= 0 ? c->d_tiles[ch.level] : NULL;
 	groups = (ch.level >= 0 ? c->n_tiles[ch.level] : n) * a.n_kv;
-	a.S = choose_splits(c, groups, c->span_bucket[L->group], ch.per_sm, ch.min_keys);
-	if (ch.waves)
 	{
-		int			resident = resident_per_sm(c, ch.fn, ch.threads, ch.smem);
+		int			split_base = ch.split_rows > 0 ? ch.split_rows * a.n_kv : groups;
 
-		if (resident <= 0)
-			return c->err_code;
-		a.S = min(a.S, choose_splits_waves(groups, c->span_bucket[L->group], resident * c->sm_count,
-										   ch.min_keys));
+		a.S = choose_splits(c, split_base, c->span_bucket[L->group], ch.per_sm, ch.min_keys);
+		if (ch.waves)
+		{
+			int			resident = resident_per_sm(c, ch.fn, ch.threads, ch.smem);
+
+			if (resident <= 0)
+				return c->err_code;
+			a.S = min(a.S, choose_splits_waves(split_base, c->span_bucket[L->group], resident * c->sm_count,
+											   ch.min_keys));
+		}
 	}
 	if (a.S > 1)
 	{

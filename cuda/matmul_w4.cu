@@ -75,8 +75,9 @@ g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_s
  *                             32 / 64 / 128 rows (and below where wgmma is
  *                             not built or not the device's);
  *   beyond                    dequantised to bf16 + cuBLASLt (matmul_lt.cu).
- * G4_MATMUL_I4=gemm, =wgmma or =lt forces a path above the GEMV's rows, so
- * that benchmarks can time them on the same shapes.
+ * G4_MATMUL_I4=gemv, =gemm, =wgmma or =lt forces a path wherever it serves
+ * the row count (the GEMV up to its rows, wgmma up to its own and on Hopper),
+ * so that benchmarks can time them on the same shapes.
  */
 #define I4_GEMV_MAX_ROWS 16
 #define I4_WGMMA_MAX_ROWS 128
@@ -93,7 +94,10 @@ g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 
 	if (n <= 0)
 		return G4_OK;
-	if (n <= I4_GEMV_MAX_ROWS)
+	if (force && strcmp(force, "gemv") != 0 && strcmp(force, "gemm") != 0 && strcmp(force, "wgmma") != 0 &&
+		strcmp(force, "lt") != 0)
+		force = NULL;
+	if (n <= I4_GEMV_MAX_ROWS && (force ? strcmp(force, "gemv") == 0 : 1))
 		return g4c_gemv_i4(c, w, x, n, y);
 	if (force ? strcmp(force, "lt") == 0 : n >= I4_LT_MIN_ROWS)
 		return g4c_matmul_i4_lt(c, w, x, n, y);

@@ -6,7 +6,7 @@
  * device argmax).
  *
  *   bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq]
- *             [--ops-n 1,64,2048] [--matmul-n 17,32,...]
+ *             [--ops-n 1,64,2048] [--ops-tokens T] [--matmul-n 17,32,...]
  *
  * decode    B sequences (1, 16, 64) at contexts 2k / 32k: tokens/s and the
  *           bytes one step must read (weights + each sequence's visible KV)
@@ -18,10 +18,12 @@
  * ops       each operation of a decode step (n = 1 and 64) and of a 2k
  *           prefill chunk, timed alone: the per-kernel breakdown (--ops-n:
  *           other step sizes; up to 64 are decode steps at 2k, beyond one
- *           prefill chunk).
+ *           prefill chunk; --ops-tokens T: each of those decode sequences
+ *           takes T tokens, the shape of a verify step of T - 1 drafts).
  * matmul    the int4 matmuls of a sliding layer at 17 to 2,048 rows through
- *           each int4 path above the GEMV (G4_MATMUL_I4=gemm / wgmma / lt): where
- *           g4c_matmul_i4's threshold lies (--matmul-n: other row counts).
+ *           each int4 path that serves the row count (G4_MATMUL_I4=gemv /
+ *           gemm / wgmma / lt): where g4c_matmul_i4's thresholds lie
+ *           (--matmul-n: other row counts, the GEMV's from 1 to 16).
  * capacity  for bf16 and turboquant_k8v4: how many 262,144-token sequences
  *           the pool's accounting says fit next to the weights at 95 % of
  *           device memory, then that many reserved at full length and
@@ -350,18 +352,22 @@ run_op(void *p)
 	}
 }
 
-/* Set up a step of n tokens (n sequences at context ctx when n <= 64, else
- * one prefill chunk), run it once, then time its operations one by one. */
+/* Set up a step (seqs sequences of tps tokens each at context ctx when
+ * seqs <= 64, else one prefill chunk of seqs tokens), run it once, then time
+ * its operations one by one. */
 static void
-breakdown(int n, int ctx)
+breakdown(int seqs, int tps, int ctx)
 {
 	const g4_model_config *c = &D.m->cfg;
+	int			decode = seqs <= 64;
+	int			n = decode ? seqs * tps : seqs;
 	int			sl = -1,
 				fu = -1;
 	int			i;
 	int32_t    *tok = malloc((size_t) n * sizeof(int32_t));
 	drv_item	it[64];
-	int			n_items = n <= 64 ? n : 1;
+	int			n_items = decode ? seqs : 1;
+	int			n_logits = decode ? n : 1;
 	g4_err		err;
 	double		total = 0;
 	op_time		t[32];
@@ -381,12 +387,12 @@ breakdown(int n, int ctx)
 		tok[i] = rand_token();
 	for (i = 0; i < n_items; i++)
 	{
-		if (n <= 64 && drv_reserve(&D, i, ctx, &err) != G4_OK)
+		if (decode && drv_reserve(&D, i, ctx, &err) != G4_OK)
 			die(&err, "reserve");
 		it[i].slot = i;
-		it[i].start = n <= 64 ? ctx : 0;
-		it[i].count = n <= 64 ? 1 : n;
-		it[i].logits = 1;
+		it[i].start = decode ? ctx : 0;
+		it[i].count = decode ? tps : n;
+		it[i].logits = decode ? tps : 1;
 	}
 	D.use_graphs = 0;
 	if (drv_step(&D, n_items, it, tok, &err) != G4_OK || be->ops->sync(be, &err) != G4_OK)
@@ -482,7 +488,7 @@ breakdown(int n, int ctx)
 						a.w = D.m->embed;
 						a.in = D.ws.lx;
 						a.out = D.ws.logits;
-						a.n = n_items;
+						a.n = n_logits;
 						per = 1;
 				}
 				bytes = (double) be->ops->weight_bytes(a.w);
@@ -490,14 +496,19 @@ breakdown(int n, int ctx)
 			if (per == 0)
 				continue;		/* one MLP slice: no later ones */
 			t[nt].name = ops[k].name;
-			t[nt].us = time_op(n <= 64 ? 50 : 5, run_op, &a);
+			t[nt].us = time_op(decode ? 50 : 5, run_op, &a);
 			t[nt].bytes = bytes;
 			t[nt].per_step = per;
 			total += t[nt].us * per;
 			nt++;
 		}
 	}
-	snprintf(label, sizeof(label), n <= 64 ? "decode n=%d ctx=%d" : "prefill chunk n=%d", n, ctx);
+	if (!decode)
+		snprintf(label, sizeof(label), "prefill chunk n=%d", n);
+	else if (tps == 1)
+		snprintf(label, sizeof(label), "decode n=%d ctx=%d", n, ctx);
+	else
+		snprintf(label, sizeof(label), "verify n=%dx%d ctx=%d", seqs, tps, ctx);
 	for (i = 0; i < nt; i++)
 	{
 		printf("BENCH op step=\"%s\" op=\"%s\" us=%.2f per_step=%d us_per_step=%.1f share=%.3f", label, t[i].name,
@@ -508,9 +519,9 @@ breakdown(int n, int ctx)
 	}
 	printf("BENCH op step=\"%s\" op=\"sum of operations\" us_per_step=%.1f\n", label, total);
 	note("ops %s: sum of single kernels %.3f ms/step", label, total / 1e3);
-	if (n <= 64)
+	if (decode)
 		for (i = 0; i < n_items; i++)
-			drv_release(&D, i, ctx + 1);
+			drv_release(&D, i, ctx + tps);
 	free(tok);
 }
 
@@ -519,7 +530,7 @@ breakdown(int n, int ctx)
 static void
 bench_matmul(const int *ns, int n_ns)
 {
-	static const char *paths[] = {"gemm", "wgmma", "lt"};
+	static const char *paths[] = {"gemv", "gemm", "wgmma", "lt"};
 	const g4_model_config *c = &D.m->cfg;
 	int			sl = 0;
 	size_t		i,
@@ -550,6 +561,8 @@ bench_matmul(const int *ns, int n_ns)
 			size_t		k;
 			int			n = G4_MIN(ns[i], D.ws.mlp_rows);
 
+			if (p == 0 && n > 16)
+				continue;		/* the GEMV serves 1 to 16 rows */
 			setenv("G4_MATMUL_I4", paths[p], 1);
 			for (k = 0; k < G4_ARRAY_LEN(mm); k++)
 			{
@@ -716,7 +729,8 @@ main(int argc, char **argv)
 	int			ops_n[16],
 				matmul_n[16];
 	int			n_ops = (int) G4_ARRAY_LEN(ops_default),
-				n_matmul = (int) G4_ARRAY_LEN(matmul_default);
+				n_matmul = (int) G4_ARRAY_LEN(matmul_default),
+				ops_tokens = 1;
 	const char *model = NULL;
 	const char *what = "ops,decode,prefill,capacity";
 	g4_err		err;
@@ -740,12 +754,14 @@ main(int argc, char **argv)
 		}
 		else if (strcmp(argv[i], "--ops-n") == 0 && i + 1 < argc)
 			n_ops = parse_counts(argv[++i], ops_n, (int) G4_ARRAY_LEN(ops_n));
+		else if (strcmp(argv[i], "--ops-tokens") == 0 && i + 1 < argc)
+			ops_tokens = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--matmul-n") == 0 && i + 1 < argc)
 			n_matmul = parse_counts(argv[++i], matmul_n, (int) G4_ARRAY_LEN(matmul_n));
 	}
-	if (!model)
+	if (!model || ops_tokens < 1 || ops_tokens > 8)
 	{
-		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq] [--ops-n LIST] [--matmul-n LIST]\n");
+		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq] [--ops-n LIST] [--ops-tokens T] [--matmul-n LIST]\n");
 		return 2;
 	}
 	if (g4_backend_cuda_create(0, &be, &err) != G4_OK)
@@ -760,7 +776,7 @@ main(int argc, char **argv)
 	fflush(stdout);
 	if (strstr(what, "ops"))
 		for (i = 0; i < n_ops; i++)
-			breakdown(ops_n[i], ops_n[i] <= 64 ? 2048 : 0);
+			breakdown(ops_n[i], ops_tokens, ops_n[i] <= 64 ? 2048 : 0);
 	if (strstr(what, "matmul"))
 		bench_matmul(matmul_n, n_matmul);
 	if (strstr(what, "decode"))

@@ -229,6 +229,7 @@ enum
 	ATT_PREFILL_DECODE,			/* 96 prefill tokens and two decodes */
 	ATT_PREFILL_SHORT,			/* 10 prefill tokens and two decodes */
 	ATT_PREFILL_LONG,			/* 1,100 (sliding) or 600 (full) at 1503 */
+	ATT_VERIFY,					/* verify steps: 5, 8 and 1 tokens of three sequences */
 };
 
 /* expansion of the reused-weight row: a step begins (else a weight index) */

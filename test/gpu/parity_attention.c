@@ -307,6 +307,26 @@ shape_decode(meta_buf *mb, int g, int window)
 	}
 }
 
+/* a step of verify shape: 5 tokens of slot 2 (positions 1495..1499: the
+ * last at the edge of its context), 8 of slot 4 (1092..1099) and 1 of slot
+ * 3 (4095), each seeing the keys up to itself */
+static void
+shape_verify(meta_buf *mb, int g, int window)
+{
+	int			i;
+
+	for (i = 0; i < mb->n; i++)
+	{
+		int			s = i < 5 ? 2 : i < 13 ? 4 : 3;
+		int			p = i < 5 ? 1495 + i : i < 13 ? 1092 + (i - 5) : 4095;
+
+		mb->slot[i] = s;
+		mb->pos[i] = p;
+		mb->hi[g][i] = p + 1;
+		mb->lo[g][i] = g == 0 ? G4_MAX(0, p - window + 1) : 0;
+	}
+}
+
 /* a prefill chunk of slot 4 (positions 900..) with a bidirectional block
  * (rows 20..29 see up to position 930), then two decodes */
 static void
@@ -375,6 +395,7 @@ static const attn_step attn_steps[] = {
 	[ATT_PREFILL_DECODE] = {"prefill+decode", shape_prefill, {98, 98}},
 	[ATT_PREFILL_SHORT] = {"prefill short", shape_prefill, {12, 12}},
 	[ATT_PREFILL_LONG] = {"prefill long at 1503", shape_prefill_long, {1100, 600}},
+	[ATT_VERIFY] = {"verify", shape_verify, {14, 14}},
 };
 
 static int

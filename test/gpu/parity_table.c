@@ -76,8 +76,8 @@
 #define SAMPLE(...) .kind = &parity_sample, .a.sample = {__VA_ARGS__}
 #define POOL(kind_, ...) .kind = &parity_attention_##kind_, .a.pool = {__VA_ARGS__}
 /* the steps of attention over a pool */
-#define ALL_STEPS ATT_DECODE_1, ATT_DECODE_4, ATT_PREFILL_DECODE, ATT_PREFILL_SHORT, ATT_PREFILL_LONG
-#define SMALL_STEPS ATT_DECODE_1, ATT_DECODE_4, ATT_PREFILL_DECODE, ATT_PREFILL_SHORT
+#define ALL_STEPS ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_DECODE, ATT_PREFILL_SHORT, ATT_PREFILL_LONG
+#define SMALL_STEPS ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_DECODE, ATT_PREFILL_SHORT
 /* KV(dtype, small pool): both layer groups */
 #define KV(...) .kind = &parity_kv_store, .a.pool = {__VA_ARGS__}, EACH(0, 1)
 
@@ -268,7 +268,8 @@ const parity_row parity_table[] = {
 	 * ---- attention ----
 	 * Which kernel runs (choose_kernel, attention.cu): the decode kernels
 	 * for turboquant head_dim 256 without k_eq_v and head_dim 512 with it
-	 * when every token is its own sequence's; the prefill kernel for head_dim 256 without k_eq_v on
+	 * when every sequence brings at most 8 tokens (decode and verify
+	 * steps); the prefill kernel for head_dim 256 without k_eq_v on
 	 * steps of 64 tokens or more in tiles a quarter full (G4_ATTN=tc keeps
 	 * the tensor-core kernel: the same bound); tensor cores for the 12B's
 	 * head dims when there are 8 query heads per KV head or more (the full
@@ -292,7 +293,7 @@ const parity_row parity_table[] = {
 	/* Gemma 4's layer groups, random Gemma-like inputs (seed 11) */
 	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_DECODE_1), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32),
 	 .seed = 11, .share = 4},
-	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT),
+	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_SHORT),
 	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 4},
 	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 4},
@@ -300,19 +301,19 @@ const parity_row parity_table[] = {
 	 .share = 4},
 	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_DECODE_1), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32),
 	 .share = 5},
-	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT),
+	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_SHORT),
 	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 5},
 	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 5},
 	{POOL(gemma4, .dtype = G4_KV_BF16, .group = 1), EACH(ALL_STEPS), CHECK1("attention(tc)", 0.1, WHY_TC),
 	 .share = 5},
-	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 CHECK1("attention(decode)", 0.1, WHY_DECODE), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_PREFILL_SHORT),
 	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
-	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 CHECK1("attention(decode)", 0.1, WHY_DECODE), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1),
 	 EACH(ATT_PREFILL_DECODE, ATT_PREFILL_SHORT, ATT_PREFILL_LONG), CHECK1("attention(tc)", 0.1, WHY_TC), .share = 6},
@@ -320,7 +321,7 @@ const parity_row parity_table[] = {
 	/* f16-exact inputs (seed 12; decoded turboquant values are not) */
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_DECODE_1),
 	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .seed = 12, .share = 7},
-	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT),
+	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_SHORT),
 	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 CHECK1("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 7},
@@ -328,7 +329,7 @@ const parity_row parity_table[] = {
 	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_1),
 	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 8},
-	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_4, ATT_PREFILL_SHORT),
+	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_SHORT),
 	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 CHECK1("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 8},
@@ -338,20 +339,20 @@ const parity_row parity_table[] = {
 	/* the decode kernel at every query-heads-per-KV-head count it takes
 	 * (1, 2, 4, 8: Gemma 4's sliding layers have 2, Gemma 3 270M's 4),
 	 * the pool's 8 KV heads kept (seed 13) */
-	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 8), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 8), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 CHECK1("attention(decode)", 0.1, WHY_DECODE), .seed = 13},
-	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
-	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 32), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 32), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
-	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 64), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 64), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
 	/* the k_eq_v decode kernel (full layers: one KV head) with fewer query
 	 * heads than its 16 rows, at 16, and with every pair rotated (its
 	 * rebuilding path for every piece group) */
-	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
-	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4),
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16, .group = 1, .full_rope = 1),
 	 EACH(ATT_DECODE_1, ATT_DECODE_4), CHECK1("attention(decode)", 0.1, WHY_DECODE)},
