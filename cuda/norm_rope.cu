@@ -9,6 +9,7 @@
  * (positions reach 262,143; the slow path of sincosf handles them).
  */
 #include <math.h>
+#include <string.h>
 
 #include "cuda_common.cuh"
 
@@ -197,23 +198,48 @@ g4c_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
 
 #define HNR_PAIRS 8				/* rotation pairs per lane: head_dim up to 512 */
 
+/* The runs of heads, by value: run r holds heads [first[r], first[r + 1])
+ * of a token. */
+struct hnr_runs
+{
+	int			col[G4_HEAD_RUNS_MAX];
+	int			first[G4_HEAD_RUNS_MAX + 1];
+	const float *w[G4_HEAD_RUNS_MAX];
+	const float *inv_freq[G4_HEAD_RUNS_MAX];
+};
+
+/* a[r] for r in 0..2, by selects: indexing the parameter arrays by a
+ * runtime value would copy them to local memory */
+template <typename T>
+__device__ __forceinline__ T
+pick3(const T *a, int r)
+{
+	return r == 0 ? a[0] : r == 1 ? a[1] : a[2];
+}
+
 /*
- * One warp per (token, head); lane handles the rotation pairs j, j + hd/2
- * (j = lane + 32 p).  The weights and the rotation's sines and cosines are
- * computed before the wait for the previous kernel (weights and positions are
- * never written by a kernel of the step: the positions are uploaded before
- * the step's first kernel), and the head is held in registers, so the chain
- * of the step waits only for the loads of x and the two sums.
+ * One warp per (token, head of any run); lane handles the rotation pairs j,
+ * j + hd/2 (j = lane + 32 p).  The weights and the rotation's sines and
+ * cosines are computed before the wait for the previous kernel (weights and
+ * positions are never written by a kernel of the step: the positions are
+ * uploaded before the step's first kernel), and the head is held in
+ * registers, so the chain of the step waits only for the loads of x and the
+ * two sums.  A layer's q, k and v heads are one launch: two launches fewer
+ * per layer than a launch per run.
  */
 __global__ void
-head_norm_rope_kernel(float *x, int n, int stride, int heads, int hd, const float *w, float eps,
-					  const float *inv_freq, const int32_t *pos)
+head_norm_rope_kernel(float *x, int n, int stride, int hd, hnr_runs R, int heads, float eps, const int32_t *pos)
 {
 	int			item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
 	int			lane = threadIdx.x & 31;
 	int			half = hd / 2;
 	bool		live = item < n * heads;
 	int			t = live ? item / heads : 0;
+	int			h = live ? item % heads : 0;
+	int			r = (h >= R.first[1]) + (h >= R.first[2]);	/* absent runs start at `heads` */
+	const float *w = pick3(R.w, r);
+	const float *inv_freq = pick3(R.inv_freq, r);
+	int			col = pick3(R.col, r) + (h - pick3(R.first, r)) * hd;
 	float		wa[HNR_PAIRS],
 				wb[HNR_PAIRS],
 				sn[HNR_PAIRS],
@@ -248,7 +274,7 @@ head_norm_rope_kernel(float *x, int n, int stride, int heads, int hd, const floa
 	g4c_pdl_wait();
 	if (!live)
 		return;
-	xh = x + (size_t) t * (size_t) stride + (size_t) (item % heads) * (size_t) hd;
+	xh = x + (size_t) t * (size_t) stride + (size_t) col;
 #pragma unroll
 	for (int p = 0; p < HNR_PAIRS; p++)
 	{
@@ -289,16 +315,32 @@ head_norm_rope_kernel(float *x, int n, int stride, int heads, int hd, const floa
 }
 
 int
-g4c_head_norm_rope(g4_backend *be, float *x, int n, int stride, int heads, int hd, const float *w, float eps,
-				   const float *inv_freq)
+g4c_head_norm_rope(g4_backend *be, float *x, int n, int stride, int hd, const g4_head_run *runs, int n_runs,
+				   float eps)
 {
 	g4_cuda    *c = g4c_of(be);
-	int			items = n * heads;
+	hnr_runs	R;
+	int			heads = 0;
 
-	if (items <= 0)
-		return G4_OK;
-	if (hd % 2 != 0 || hd / 2 > 32 * HNR_PAIRS)
+	if (n_runs < 1 || n_runs > G4_HEAD_RUNS_MAX || hd % 2 != 0 || hd / 2 > 32 * HNR_PAIRS)
 		return G4_ERR_UNSUPPORTED;
-	return g4c_launch(c, "head_norm_rope", head_norm_rope_kernel, dim3((items + 3) / 4), dim3(128), 0, x, n, stride,
-					  heads, hd, w, eps, inv_freq, (const int32_t *) c->d_pos);
+	memset(&R, 0, sizeof(R));
+	for (int r = 0; r < G4_HEAD_RUNS_MAX; r++)
+	{
+		R.first[r] = heads;
+		if (r < n_runs)
+		{
+			R.col[r] = runs[r].col;
+			R.w[r] = runs[r].w;
+			R.inv_freq[r] = runs[r].inv_freq;
+			heads += runs[r].heads;
+		}
+	}
+	/* the runs past n_runs start at `heads`: no head selects them */
+	for (int r = n_runs; r <= G4_HEAD_RUNS_MAX; r++)
+		R.first[r] = heads;
+	if ((size_t) n * (size_t) heads == 0)
+		return G4_OK;
+	return g4c_launch(c, "head_norm_rope", head_norm_rope_kernel, dim3((n * heads + 3) / 4), dim3(128), 0, x, n,
+					  stride, hd, R, heads, eps, (const int32_t *) c->d_pos);
 }

@@ -122,6 +122,18 @@ typedef struct
 
 typedef struct g4_backend g4_backend;
 
+/* Heads that follow each other in a row (q, k or v of one layer), normalised
+ * and rotated alike by head_norm_rope. */
+typedef struct
+{
+	int			col;			/* the run's first float in the row */
+	int			heads;
+	const float *w;				/* RMSNorm weight [hd], or NULL: none */
+	const float *inv_freq;		/* RoPE [hd/2], or NULL: no rotation */
+} g4_head_run;
+
+#define G4_HEAD_RUNS_MAX 3		/* q, k, v */
+
 /* The graph tag of g4_model_forward's steps. */
 #define G4_GRAPH_FORWARD 0
 
@@ -168,12 +180,13 @@ typedef struct
 	int			(*rmsnorm) (g4_backend *be, const float *x, const float *w, int rows, int dim,
 							float eps, float *y);
 
-	/* In place, for each of n tokens and `heads` heads of width hd at row
-	 * stride `stride` floats: RMS-normalise (weight w, or none), then apply
-	 * rotate-half RoPE at the token's position with inv_freq[hd/2] (NULL: no
-	 * rotation). */
-	int			(*head_norm_rope) (g4_backend *be, float *x, int n, int stride, int heads,
-								   int hd, const float *w, float eps, const float *inv_freq);
+	/* In place, for each of n tokens (rows of `stride` floats) and each head
+	 * of width hd of the runs (at most G4_HEAD_RUNS_MAX): RMS-normalise
+	 * (the run's weight, or none), then apply rotate-half RoPE at the token's
+	 * position with the run's inv_freq[hd/2] (NULL: no rotation).  One
+	 * operation for a layer's q, k and v heads. */
+	int			(*head_norm_rope) (g4_backend *be, float *x, int n, int stride, int hd,
+								   const g4_head_run *runs, int n_runs, float eps);
 
 	/* Write K and V rows of the step's tokens into the pool (k NULL when
 	 * L->k_eq_v).  Row strides in floats. */

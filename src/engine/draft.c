@@ -164,8 +164,11 @@ decoder(g4_draft *d, int n, g4_err *err)
 		const g4_kv_layer *kv = &d->kv[c->layer_full[i] ? 1 : 0];
 
 		TRY(be->ops->matmul(be, ly->qkv, d->h, n, d->q));
-		TRY(be->ops->head_norm_rope(be, d->q, n, ly->q_dim, c->n_heads, kv->head_dim, ly->q_norm, eps,
-									m->inv_freq[c->layer_full[i] ? 1 : 0]));
+		{
+			g4_head_run q = {0, c->n_heads, ly->q_norm, m->inv_freq[c->layer_full[i] ? 1 : 0]};
+
+			TRY(be->ops->head_norm_rope(be, d->q, n, ly->q_dim, kv->head_dim, &q, 1, eps));
+		}
 		TRY(be->ops->attention(be, kv, d->q, ly->q_dim, n, d->attn));
 		TRY(be->ops->matmul(be, ly->o, d->attn, n, d->h));
 		TRY(be->ops->add_rmsnorm(be, d->x, d->h, ly->post_attn_norm, n, H, eps, 1.0f, ly->pre_ffn_norm, d->h));

@@ -128,6 +128,24 @@ g4_workspace_free(g4_model *m, g4_workspace *ws)
 /* The attention block; its input norm is already in ws->h when `normed`
  * (the previous block's residual add wrote it).  Leaves the MLP's input norm
  * in ws->h. */
+int
+g4_layer_head_runs(const g4_model_config *c, const g4_layer *ly, g4_head_run runs[G4_HEAD_RUNS_MAX])
+{
+	const g4_kv_layer *kv = &ly->kv;
+	int			n = 0;
+
+	runs[n++] = (g4_head_run) {0, c->n_heads, ly->q_norm, kv->inv_freq};
+	if (kv->k_eq_v)
+		runs[n++] = (g4_head_run) {ly->q_dim, kv->n_kv_heads, NULL, NULL};
+	else
+	{
+		runs[n++] = (g4_head_run) {ly->q_dim, kv->n_kv_heads, ly->k_norm, kv->inv_freq};
+		if (c->v_norm)
+			runs[n++] = (g4_head_run) {ly->q_dim + ly->kv_dim, kv->n_kv_heads, NULL, NULL};
+	}
+	return n;
+}
+
 static int
 attention_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int normed, int T, g4_err *err)
 {
@@ -140,25 +158,19 @@ attention_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int normed, i
 	float	   *k = ws->qkv + ly->q_dim;
 	float	   *v = k + ly->kv_dim;
 	float		eps = (float) c->rms_eps;
+	g4_head_run runs[G4_HEAD_RUNS_MAX];
+	int			n_runs = g4_layer_head_runs(c, ly, runs);
 
 	if (!normed)
 		TRY(be->ops->rmsnorm(be, ws->x, ly->attn_norm, T, c->hidden_size, eps, ws->h));
 	TRY(be->ops->matmul(be, ly->qkv, ws->h, T, ws->qkv));
-	TRY(be->ops->head_norm_rope(be, q, T, stride, c->n_heads, hd, ly->q_norm, eps, kv->inv_freq));
+	TRY(be->ops->head_norm_rope(be, ws->qkv, T, stride, hd, runs, n_runs, eps));
+	/* on k_eq_v layers V is the raw key normalised without weight; K is
+	 * rebuilt from it inside attention, so only V is stored */
 	if (kv->k_eq_v)
-	{
-		/* V is the raw key normalised without weight; K is rebuilt from it
-		 * inside attention, so only V is stored */
-		TRY(be->ops->head_norm_rope(be, k, T, stride, kv->n_kv_heads, hd, NULL, eps, NULL));
 		TRY(be->ops->kv_store(be, kv, NULL, 0, k, stride, T));
-	}
 	else
-	{
-		TRY(be->ops->head_norm_rope(be, k, T, stride, kv->n_kv_heads, hd, ly->k_norm, eps, kv->inv_freq));
-		if (c->v_norm)
-			TRY(be->ops->head_norm_rope(be, v, T, stride, kv->n_kv_heads, hd, NULL, eps, NULL));
 		TRY(be->ops->kv_store(be, kv, k, stride, v, stride, T));
-	}
 	TRY(be->ops->attention(be, kv, q, stride, T, ws->attn));
 	TRY(be->ops->matmul(be, ly->o, ws->attn, T, ws->h));
 	TRY(be->ops->add_rmsnorm(be, ws->x, ws->h, ly->post_attn_norm, T, c->hidden_size, eps, 1.0f,

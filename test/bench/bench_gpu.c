@@ -293,7 +293,7 @@ next_layer_weight(int *l, int which)
 
 enum
 {
-	OP_MATMUL, OP_RMSNORM, OP_QNORM, OP_KNORM, OP_STORE, OP_ATTN, OP_GEGLU, OP_ADDNORM, OP_EMBED, OP_SOFTCAP,
+	OP_MATMUL, OP_RMSNORM, OP_HEADNORM, OP_STORE, OP_ATTN, OP_GEGLU, OP_ADDNORM, OP_EMBED, OP_SOFTCAP,
 	OP_GATHER
 };
 
@@ -317,12 +317,13 @@ run_op(void *p)
 		case OP_RMSNORM:
 			be->ops->rmsnorm(be, D.ws.x, ly->attn_norm, n, c->hidden_size, 1e-6f, D.ws.h);
 			break;
-		case OP_QNORM:
-			be->ops->head_norm_rope(be, D.ws.qkv, n, stride, c->n_heads, kv->head_dim, ly->q_norm, 1e-6f, kv->inv_freq);
-			break;
-		case OP_KNORM:
-			be->ops->head_norm_rope(be, D.ws.qkv + ly->q_dim, n, stride, kv->n_kv_heads, kv->head_dim, ly->k_norm, 1e-6f,
-									kv->inv_freq);
+		case OP_HEADNORM:
+			{
+				g4_head_run runs[G4_HEAD_RUNS_MAX];
+				int			n_runs = g4_layer_head_runs(c, ly, runs);
+
+				be->ops->head_norm_rope(be, D.ws.qkv, n, stride, kv->head_dim, runs, n_runs, 1e-6f);
+			}
 			break;
 		case OP_STORE:
 			if (kv->k_eq_v)
@@ -412,10 +413,8 @@ breakdown(int seqs, int tps, int ctx)
 			{"rmsnorm (first layer, final)", OP_RMSNORM, 2},
 			{"matmul qkv sliding", OP_MATMUL, 10},
 			{"matmul qkv full", OP_MATMUL, 11},
-			{"q norm+rope sliding", OP_QNORM, 0},
-			{"q norm+rope full", OP_QNORM, 1},
-			{"k norm+rope sliding", OP_KNORM, 0},
-			{"k norm full", OP_KNORM, 1},
+			{"q/k/v norm+rope sliding", OP_HEADNORM, 0},
+			{"q/k/v norm+rope full", OP_HEADNORM, 1},
 			{"kv_store sliding", OP_STORE, 0},
 			{"kv_store full", OP_STORE, 1},
 			{"attention sliding", OP_ATTN, 0},

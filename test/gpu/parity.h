@@ -162,7 +162,10 @@ typedef struct
 				stride,
 				weighted,
 				rope,
-				proportional;
+				proportional,
+				kv_heads,		/* > 0: a k run of that many heads after the q heads */
+				k_eq_v,			/* that k run without weight or RoPE (else as q) */
+				v_run;			/* and a v run of kv_heads without weight or RoPE */
 } hnr_args;
 
 enum

@@ -329,8 +329,9 @@ head_norm_rope_describe(const parity_row *r, int i, char *label, size_t size)
 {
 	const hnr_args *a = &r->a.hnr;
 
-	snprintf(label, size, "n=%d heads=%d hd=%d%s%s", a->n, a->heads, a->hd,
-			 a->rope ? (a->proportional ? " rope(partial)" : " rope") : "", a->weighted ? " weighted" : "");
+	snprintf(label, size, "n=%d heads=%d hd=%d%s%s%s%s", a->n, a->heads, a->hd,
+			 a->rope ? (a->proportional ? " rope(partial)" : " rope") : "", a->weighted ? " weighted" : "",
+			 a->kv_heads ? (a->k_eq_v ? " +k(raw)" : " +k") : "", a->v_run ? " +v" : "");
 	return 1;
 }
 
@@ -343,7 +344,7 @@ head_norm_rope_run(const parity_row *r, void *fx, int i, double *metric)
 	size_t		len = (size_t) n * (size_t) a->stride;
 	float	   *x = p_malloc(len * 4),
 			   *yg = p_malloc(len * 4),
-			   *w = p_malloc((size_t) hd * 4),
+			   *w = p_malloc((size_t) (hd + 1) * 4),	/* q's weight at w, k's at w + 1 */
 			   *f = p_malloc((size_t) hd / 2 * 4);
 	float	   *dx,
 			   *dw,
@@ -359,15 +360,35 @@ head_norm_rope_run(const parity_row *r, void *fx, int i, double *metric)
 	m = meta_of(&mb);
 	both_step(&m);
 	fill_normal(x, len, 2.0f);
-	fill_normal(w, (size_t) hd, 1.0f);
+	fill_normal(w, (size_t) hd + 1, 1.0f);
 	inv_freq_for(hd, a->proportional, a->proportional ? 1e6 : 1e4, f);
 	dx = gpu_copy(x, len * 4);
-	dw = gpu_copy(w, (size_t) hd * 4);
+	dw = gpu_copy(w, (size_t) (hd + 1) * 4);
 	df = gpu_copy(f, (size_t) hd / 2 * 4);
-	P_RUN(cpu_be, head_norm_rope, x, n, a->stride, a->heads, hd, a->weighted ? w : NULL, 1e-6f,
-									 a->rope ? f : NULL);
-	P_RUN(gpu_be, head_norm_rope, dx, n, a->stride, a->heads, hd, a->weighted ? dw : NULL, 1e-6f,
-									 a->rope ? df : NULL);
+	{
+		/* the runs of a layer's q/k/v row (g4_layer_head_runs), on the
+		 * host's arrays for the CPU and the device's for the GPU */
+		g4_head_run rc[G4_HEAD_RUNS_MAX],
+					rg[G4_HEAD_RUNS_MAX];
+		int			nr = 0;
+
+		rc[nr] = (g4_head_run) {0, a->heads, a->weighted ? w : NULL, a->rope ? f : NULL};
+		rg[nr++] = (g4_head_run) {0, a->heads, a->weighted ? dw : NULL, a->rope ? df : NULL};
+		if (a->kv_heads)
+		{
+			int			raw = a->k_eq_v;
+
+			rc[nr] = (g4_head_run) {a->heads * hd, a->kv_heads, raw ? NULL : w + 1, raw ? NULL : f};
+			rg[nr++] = (g4_head_run) {a->heads * hd, a->kv_heads, raw ? NULL : dw + 1, raw ? NULL : df};
+		}
+		if (a->v_run)
+		{
+			rc[nr] = (g4_head_run) {(a->heads + a->kv_heads) * hd, a->kv_heads, NULL, NULL};
+			rg[nr++] = (g4_head_run) {(a->heads + a->kv_heads) * hd, a->kv_heads, NULL, NULL};
+		}
+		P_RUN(cpu_be, head_norm_rope, x, n, a->stride, hd, rc, nr, 1e-6f);
+		P_RUN(gpu_be, head_norm_rope, dx, n, a->stride, hd, rg, nr, 1e-6f);
+	}
 	gpu_get(yg, dx, len * 4);
 	metric[0] = max_rel(yg, x, len);
 }

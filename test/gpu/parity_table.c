@@ -207,10 +207,17 @@ const parity_row parity_table[] = {
 	NORMS(2, 5002, 0),
 
 	/* ---- the heads' norm and RoPE (seed 6): q rows of 16 heads beside k
-	 * and v (a stride past the heads), one head, no RoPE ---- */
+	 * and v (a stride past the heads), one head, no RoPE; a sliding layer's
+	 * q, k and v runs in one call, and a full layer's q and raw k ---- */
 	{.kind = &parity_head_norm_rope,
 	 .a.hnr = {.n = 5, .heads = 16, .hd = 256, .stride = 16 * 256 + 2 * 8 * 256, .weighted = 1, .rope = 1},
 	 CHECK1("head_norm_rope", 4e-6, WHY_ROPE), .seed = 6},
+	{.kind = &parity_head_norm_rope,
+	 .a.hnr = {.n = 7, .heads = 16, .hd = 256, .stride = 16 * 256 + 2 * 8 * 256, .weighted = 1, .rope = 1,
+	 .kv_heads = 8, .v_run = 1}, CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},
+	{.kind = &parity_head_norm_rope,
+	 .a.hnr = {.n = 6, .heads = 16, .hd = 512, .stride = 16 * 512 + 512, .weighted = 1, .rope = 1,
+	 .proportional = 1, .kv_heads = 1, .k_eq_v = 1}, CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},
 	{.kind = &parity_head_norm_rope,
 	 .a.hnr = {.n = 3, .heads = 1, .hd = 512, .stride = 16 * 512 + 512, .rope = 1, .proportional = 1},
 	 CHECK1("head_norm_rope", 4e-6, WHY_ROPE)},

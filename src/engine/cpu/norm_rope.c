@@ -75,11 +75,11 @@ typedef struct
 	g4_cpu	   *c;
 	float	   *x;
 	int			stride;
-	int			heads;
 	int			hd;
-	const float *w;
+	const g4_head_run *runs;
+	int			n_runs;
+	int			heads;			/* of all runs */
 	float		eps;
-	const float *inv_freq;
 } head_ctx;
 
 static void
@@ -88,24 +88,34 @@ head_item(void *arg, int64_t item, int thread)
 	head_ctx   *h = arg;
 	int			t = (int) (item / h->heads);
 	int			k = (int) (item % h->heads);
-	float	   *x = h->x + (size_t) t * h->stride + (size_t) k * h->hd;
-	float		f = rms_factor(x, h->hd, h->eps);
+	const g4_head_run *r = h->runs;
+	float	   *x;
+	float		f;
 	int			i;
 
+	while (k >= r->heads)
+		k -= (r++)->heads;
+	x = h->x + (size_t) t * h->stride + (size_t) r->col + (size_t) k * h->hd;
+	f = rms_factor(x, h->hd, h->eps);
 	for (i = 0; i < h->hd; i++)
-		x[i] = h->w ? (x[i] * f) * h->w[i] : x[i] * f;
-	if (h->inv_freq)
-		g4_rope_apply(x, h->hd, h->c->pos[t], h->inv_freq);
+		x[i] = r->w ? (x[i] * f) * r->w[i] : x[i] * f;
+	if (r->inv_freq)
+		g4_rope_apply(x, h->hd, h->c->pos[t], r->inv_freq);
 }
 
 int
-g4_cpu_head_norm_rope(g4_backend *be, float *x, int n, int stride, int heads, int hd,
-					  const float *w, float eps, const float *inv_freq)
+g4_cpu_head_norm_rope(g4_backend *be, float *x, int n, int stride, int hd, const g4_head_run *runs, int n_runs,
+					  float eps)
 {
 	g4_cpu	   *c = g4_cpu_of(be);
-	head_ctx	h = {c, x, stride, heads, hd, w, eps, inv_freq};
+	head_ctx	h = {c, x, stride, hd, runs, n_runs, 0, eps};
+	int			i;
 
-	g4_pool_run(c->pool, (int64_t) n * heads, head_item, &h);
+	if (n_runs < 1 || n_runs > G4_HEAD_RUNS_MAX)
+		return G4_ERR_INTERNAL;
+	for (i = 0; i < n_runs; i++)
+		h.heads += runs[i].heads;
+	g4_pool_run(c->pool, (int64_t) n * h.heads, head_item, &h);
 	return G4_OK;
 }
 
