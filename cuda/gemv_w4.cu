@@ -1,7 +1,8 @@
 /*
  * gemv_w4.cu — the int4 group-32 matmul for 1 to 16 activation rows (decode
- * and small decode batches; more rows go to the gemm
- * of matmul.cuh): a tensor-core GEMV over the packed W_I4 layout
+ * and small decode batches; on Hopper 1 to 8, the warpgroup-MMA kernel
+ * being faster beyond; more rows go to the gemms, g4c_matmul_i4): a
+ * tensor-core GEMV over the packed W_I4 layout
  * (cuda_common.cuh) that keeps several k-tiles of weight loads in flight per
  * warp (the best of nine variants measured standalone:
  * test/bench/RESULTS.md, "The int4 GEMV").

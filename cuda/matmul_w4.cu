@@ -67,10 +67,16 @@ g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_s
  * The int4 kernel by row count n (figures: test/bench/RESULTS.md, "int4
  * matmuls by row count"):
  *   n <= I4_GEMV_MAX_ROWS     the GEMV (gemv_w4.cu): weights streamed once,
- *                             split bf16 activations (float32-class);
+ *                             split bf16 activations (float32-class); on
+ *                             Hopper up to I4_GEMV_MAX_ROWS_HOPPER, the
+ *                             warpgroup-MMA kernel being faster beyond (a
+ *                             sliding layer's matmuls at 16 rows: GEMV
+ *                             116.8 us, wgmma 79.5; at 8: 81.6 / 77.6, at 4:
+ *                             57.8 / 75.6; run 56);
  *   n <= I4_WGMMA_MAX_ROWS    on Hopper, the warpgroup-MMA kernel
  *                             (matmul_w4_wgmma.cu), 32 / 64 / 128 token rows
- *                             per block, K split to fill the GPU;
+ *                             per block, K split to fill the GPU (bf16
+ *                             activations: bf16-class);
  *   n <  I4_LT_MIN_ROWS       the mma.sync gemm (matmul.cuh), likewise with
  *                             32 / 64 / 128 rows (and below where wgmma is
  *                             not built or not the device's);
@@ -80,6 +86,7 @@ g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_s
  * so that benchmarks can time them on the same shapes.
  */
 #define I4_GEMV_MAX_ROWS 16
+#define I4_GEMV_MAX_ROWS_HOPPER 8
 #define I4_WGMMA_MAX_ROWS 128
 /* a sliding layer's matmuls: gemm 306 / cuBLASLt 343 us at 128 rows,
  * 488 / 377 us at 192 (run 22) */
@@ -97,7 +104,8 @@ g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 	if (force && strcmp(force, "gemv") != 0 && strcmp(force, "gemm") != 0 && strcmp(force, "wgmma") != 0 &&
 		strcmp(force, "lt") != 0)
 		force = NULL;
-	if (n <= I4_GEMV_MAX_ROWS && (force ? strcmp(force, "gemv") == 0 : 1))
+	if (n <= I4_GEMV_MAX_ROWS &&
+		(force ? strcmp(force, "gemv") == 0 : n <= (c->wgmma ? I4_GEMV_MAX_ROWS_HOPPER : I4_GEMV_MAX_ROWS)))
 		return g4c_gemv_i4(c, w, x, n, y);
 	if (force ? strcmp(force, "lt") == 0 : n >= I4_LT_MIN_ROWS)
 		return g4c_matmul_i4_lt(c, w, x, n, y);

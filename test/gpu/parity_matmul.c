@@ -22,8 +22,6 @@ typedef struct
 	g4_weight  *wc,
 			   *wg,
 			   *wa;
-	char	   *saved_force;	/* G4_MATMUL_I4 before the row set it */
-	int			forced;
 } mm_weight;
 
 static int64_t
@@ -122,6 +120,34 @@ count_differing(const float *a, const float *b, size_t n)
 
 /* ---- one weight, row counts in turn ------------------------------------------------ */
 
+/* G4_MATMUL_I4 as the process started (a path forced by whoever runs the
+ * tests): what every row runs under unless it forces its own. */
+static const char *
+initial_force(void)
+{
+	static int	read;
+	static char *v;
+
+	if (!read)
+	{
+		const char *e = getenv("G4_MATMUL_I4");
+
+		if (e && !(v = strdup(e)))
+			parity_abort("host allocation failed");
+		read = 1;
+	}
+	return v;
+}
+
+static void
+set_force(const char *path)
+{
+	if (path)
+		setenv("G4_MATMUL_I4", path, 1);
+	else
+		unsetenv("G4_MATMUL_I4");
+}
+
 static int
 matmul_describe(const parity_row *r, int i, char *label, size_t size)
 {
@@ -129,7 +155,7 @@ matmul_describe(const parity_row *r, int i, char *label, size_t size)
 
 	snprintf(label, size, "%s n=%d out=%lld%s in=%lld%s", g4_wfmt_name(a->fmt), r->each[i], (long long) mm_out(a),
 			 a->n_parts > 1 ? " (fused)" : "", (long long) a->in,
-			 a->force || getenv("G4_MATMUL_I4") ? " (forced path)" : "");
+			 a->force || initial_force() ? " (forced path)" : "");
 	return 2;
 }
 
@@ -139,31 +165,15 @@ matmul_setup(const parity_row *r)
 	mm_weight  *m = p_calloc(1, sizeof(*m));
 
 	mm_weight_make(m, &r->a.mm);
-	if (r->a.mm.force)
-	{
-		const char *prev = getenv("G4_MATMUL_I4");
-
-		if (prev && !(m->saved_force = strdup(prev)))
-			parity_abort("host allocation failed");
-		m->forced = 1;
-		setenv("G4_MATMUL_I4", r->a.mm.force, 1);
-	}
 	return m;
 }
 
+/* a row that failed midway may have left its path forced */
 static void
 matmul_teardown(void *fx)
 {
-	mm_weight  *m = fx;
-
-	if (m->forced)
-	{
-		if (m->saved_force)
-			setenv("G4_MATMUL_I4", m->saved_force, 1);
-		else
-			unsetenv("G4_MATMUL_I4");
-		free(m->saved_force);
-	}
+	(void) fx;
+	set_force(initial_force());
 }
 
 /* metric 0: the error against the CPU; 1: the outputs that differ between
@@ -188,8 +198,11 @@ matmul_run(const parity_row *r, void *fx, int i, double *metric)
 	/* NaN: every element must be written */
 	gpu_be->ops->fill(gpu_be, dy, 0xff, ny * 4);
 	gpu_be->ops->fill(gpu_be, dy2, 0xff, ny * 4);
+	/* the row's own path, not that of the row whose weight it shares */
+	set_force(r->a.mm.force ? r->a.mm.force : initial_force());
 	P_RUN(gpu_be, matmul, m->wg, dx, n, dy);
 	P_RUN(gpu_be, matmul, m->wg, dx, n, dy2);
+	set_force(initial_force());
 	gpu_get(yg, dy, ny * 4);
 	gpu_get(yg2, dy2, ny * 4);
 	metric[0] = mm_error(m, x, n, yg);

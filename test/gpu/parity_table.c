@@ -32,8 +32,8 @@
 
 /* ---- why each bound ------------------------------------------------------------------ */
 
-#define WHY_GEMV "float32-class: 1 to 16 rows take activations as two bf16 (hi + lo), weights exact in bf16"
-#define WHY_BF16 "bf16-class: above 16 rows activations (and int4 weights with their scale) rounded to bf16"
+#define WHY_GEMV "float32-class: the GEMV (1 to 16 rows) takes activations as two bf16 (hi + lo), weights exact in bf16"
+#define WHY_BF16 "bf16-class: activations (and int4 weights with their scale) rounded to bf16 (wgmma from 9 rows, gemm and cuBLASLt from 17)"
 #define WHY_NARROW "float32-class: in <= 256, the device keeps the weight in float32 (backend_cuda.cu)"
 #define WHY_FLOAT "float32-class: float32 products of the dequantised weights, in another order"
 #define WHY_REPEAT "exact: outputs differing between two calls (deterministic reductions)"
@@ -65,12 +65,14 @@
 #define MM(family, ...) .kind = &parity_matmul_##family, .a.mm = {__VA_ARGS__}
 #define MATMUL(bound, why) .check = {{"matmul", NULL, bound, why}, {"matmul repeat", NULL, 0.0, WHY_REPEAT}}
 /* row counts: the int4 GEMV's 1 to 16 (1, 2 or 4 n8 tiles, each partly and
- * wholly), then the block sizes of the warpgroup-MMA kernel to 128 rows (32,
- * 64, 128; the mma.sync gemm beyond and where wgmma is absent) and from 160
- * the bf16 dequantisation + cuBLASLt (g4c_matmul_i4) */
+ * wholly; forced: on Hopper it serves up to 8), then 9 to 16 (the GEMV, or
+ * on Hopper the warpgroup-MMA kernel), the block sizes of the warpgroup-MMA
+ * kernel to 128 rows (32, 64, 128; the mma.sync gemm beyond and where wgmma
+ * is absent) and from 160 the bf16 dequantisation + cuBLASLt
+ * (g4c_matmul_i4) */
 #define GEMV_NS 1, 2, 3, 4, 5, 8, 11, 12, 16
-#define GEMM_NS 17, 24, 40, 64, 100, 300
-#define DECODE_NS 17, 32, 33, 64, 65, 128, 256
+#define GEMM_NS 12, 16, 17, 24, 40, 64, 100, 300
+#define DECODE_NS 11, 16, 17, 32, 33, 64, 65, 128, 256
 
 #define CHECK1(op, bound, why) .check = {{op, NULL, bound, why}}
 #define SAMPLE(...) .kind = &parity_sample, .a.sample = {__VA_ARGS__}
@@ -84,15 +86,15 @@
 const parity_row parity_table[] = {
 	/* ---- matmul: int4 (seed 1) ---- */
 	/* one weight, a fused one, odd rows, a half-padded last k-tile (in % 64 == 32) */
-	{MM(int4, G4_W_I4G32, 1, {4096}, 3840), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .seed = 1, .share = 1},
+	{MM(int4, G4_W_I4G32, 1, {4096}, 3840, "gemv"), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .seed = 1, .share = 1},
 	{MM(int4, G4_W_I4G32, 1, {4096}, 3840), EACH(GEMM_NS), MATMUL(8e-3, WHY_BF16), .share = 1},
-	{MM(int4, G4_W_I4G32, 3, {512, 256, 256}, 640), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 2},
+	{MM(int4, G4_W_I4G32, 3, {512, 256, 256}, 640, "gemv"), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 2},
 	{MM(int4, G4_W_I4G32, 3, {512, 256, 256}, 640), EACH(GEMM_NS), MATMUL(8e-3, WHY_BF16), .share = 2},
-	{MM(int4, G4_W_I4G32, 1, {1000}, 1024), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 3},
+	{MM(int4, G4_W_I4G32, 1, {1000}, 1024, "gemv"), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 3},
 	{MM(int4, G4_W_I4G32, 1, {1000}, 1024), EACH(GEMM_NS), MATMUL(8e-3, WHY_BF16), .share = 3},
-	{MM(int4, G4_W_I4G32, 2, {520, 250}, 672), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 4},
+	{MM(int4, G4_W_I4G32, 2, {520, 250}, 672, "gemv"), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 4},
 	{MM(int4, G4_W_I4G32, 2, {520, 250}, 672), EACH(GEMM_NS), MATMUL(8e-3, WHY_BF16), .share = 4},
-	{MM(int4, G4_W_I4G32, 1, {3840}, 15360), EACH(1, 16), MATMUL(3e-5, WHY_GEMV), .share = 5},
+	{MM(int4, G4_W_I4G32, 1, {3840}, 15360, "gemv"), EACH(1, 16), MATMUL(3e-5, WHY_GEMV), .share = 5},
 	{MM(int4, G4_W_I4G32, 1, {3840}, 15360), EACH(200), MATMUL(8e-3, WHY_BF16), .share = 5},
 	{MM(int4, G4_W_I4G32, 3, {64, 32, 32}, 64), EACH(7, 139), MATMUL(3e-5, WHY_NARROW)},
 
@@ -105,15 +107,15 @@ const parity_row parity_table[] = {
 	 * 16 rows (the GEMV's other split rule).  One weight for both bounds:
 	 * gate_up's |W| copy (~470 MB) is built once.
 	 */
-	{MM(int4, G4_W_I4G32, 3, {4096, 1024, 1024}, 3840), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 6},
+	{MM(int4, G4_W_I4G32, 3, {4096, 1024, 1024}, 3840, "gemv"), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 6},
 	{MM(int4, G4_W_I4G32, 3, {4096, 1024, 1024}, 3840), EACH(DECODE_NS), MATMUL(8e-3, WHY_BF16), .share = 6},
-	{MM(int4, G4_W_I4G32, 2, {15360, 15360}, 3840), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 7},
+	{MM(int4, G4_W_I4G32, 2, {15360, 15360}, 3840, "gemv"), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 7},
 	{MM(int4, G4_W_I4G32, 2, {15360, 15360}, 3840), EACH(64, 256), MATMUL(8e-3, WHY_BF16), .share = 7},
-	{MM(int4, G4_W_I4G32, 1, {3840}, 15360), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 8},
+	{MM(int4, G4_W_I4G32, 1, {3840}, 15360, "gemv"), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 8},
 	{MM(int4, G4_W_I4G32, 1, {3840}, 15360), EACH(DECODE_NS), MATMUL(8e-3, WHY_BF16), .share = 8},
-	{MM(int4, G4_W_I4G32, 1, {3840}, 4096), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 9},
+	{MM(int4, G4_W_I4G32, 1, {3840}, 4096, "gemv"), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV), .share = 9},
 	{MM(int4, G4_W_I4G32, 1, {3840}, 4096), EACH(DECODE_NS), MATMUL(8e-3, WHY_BF16), .share = 9},
-	{MM(int4, G4_W_I4G32, 1, {36008}, 672), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV)},
+	{MM(int4, G4_W_I4G32, 1, {36008}, 672, "gemv"), EACH(GEMV_NS), MATMUL(3e-5, WHY_GEMV)},
 
 	/* the cuBLASLt path: by row count (520), and forced (G4_MATMUL_I4=lt)
 	 * at counts the gemm serves, incl. a half-padded last k-tile; a fresh
