@@ -75,21 +75,24 @@ g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_s
  *                             57.8 / 75.6; run 56);
  *   n <= I4_WGMMA_MAX_ROWS    on Hopper, the warpgroup-MMA kernel
  *                             (matmul_w4_wgmma.cu), 32 / 64 / 128 token rows
- *                             per block, K split to fill the GPU (bf16
- *                             activations: bf16-class);
- *   n <  I4_LT_MIN_ROWS       the mma.sync gemm (matmul.cuh), likewise with
- *                             32 / 64 / 128 rows (and below where wgmma is
- *                             not built or not the device's);
+ *                             per block (tiles of 128 above), K split to
+ *                             fill the GPU (bf16 activations: bf16-class);
+ *                             cuBLASLt beyond;
+ *   n <  I4_LT_MIN_ROWS       elsewhere, the mma.sync gemm (matmul.cuh),
+ *                             likewise with 32 / 64 / 128 rows;
  *   beyond                    dequantised to bf16 + cuBLASLt (matmul_lt.cu).
  * G4_MATMUL_I4=gemv, =gemm, =wgmma or =lt forces a path wherever it serves
- * the row count (the GEMV up to its rows, wgmma up to its own and on Hopper),
- * so that benchmarks can time them on the same shapes.
+ * the row count (the GEMV up to its 16 rows, wgmma on Hopper at any count,
+ * in tiles of 128 rows above 128), so that benchmarks can time them on the
+ * same shapes.
  */
 #define I4_GEMV_MAX_ROWS 16
 #define I4_GEMV_MAX_ROWS_HOPPER 8
-#define I4_WGMMA_MAX_ROWS 128
-/* a sliding layer's matmuls: gemm 306 / cuBLASLt 343 us at 128 rows,
- * 488 / 377 us at 192 (run 22) */
+/* a sliding layer's matmuls: wgmma 268 / cuBLASLt 376 us at 256 rows,
+ * 480 / 519 at 512 (run 62) */
+#define I4_WGMMA_MAX_ROWS 512
+/* without wgmma: gemm 306 / cuBLASLt 343 us at 128 rows, 488 / 377 us at
+ * 192 (run 22) */
 #define I4_LT_MIN_ROWS 160
 
 int
@@ -107,9 +110,9 @@ g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 	if (n <= I4_GEMV_MAX_ROWS &&
 		(force ? strcmp(force, "gemv") == 0 : n <= (c->wgmma ? I4_GEMV_MAX_ROWS_HOPPER : I4_GEMV_MAX_ROWS)))
 		return g4c_gemv_i4(c, w, x, n, y);
-	if (force ? strcmp(force, "lt") == 0 : n >= I4_LT_MIN_ROWS)
+	if (force ? strcmp(force, "lt") == 0 : n > (c->wgmma ? I4_WGMMA_MAX_ROWS : I4_LT_MIN_ROWS - 1))
 		return g4c_matmul_i4_lt(c, w, x, n, y);
-	if (c->wgmma && n <= I4_WGMMA_MAX_ROWS && (force ? strcmp(force, "wgmma") == 0 : 1))
+	if (c->wgmma && (force ? strcmp(force, "wgmma") == 0 : n <= I4_WGMMA_MAX_ROWS))
 		return g4c_matmul_i4_wgmma(c, w, x, n, y);
 	if (n <= 32)
 		return gemm_launch<G4C_W_I4, 2>(c, w, x, n, y);

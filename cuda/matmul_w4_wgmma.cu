@@ -1,7 +1,8 @@
 /*
  * matmul_w4_wgmma.cu — int4 group-32 weights × bf16 activations on Hopper's
- * warpgroup MMA (wgmma.mma_async, sm_90a), for batched decode: 17 to 128
- * token rows (g4c_matmul_i4 chooses).
+ * warpgroup MMA (wgmma.mma_async, sm_90a), for batched decode and short
+ * prefill steps: 9 to 512 token rows, in tiles of up to 128 (g4c_matmul_i4
+ * chooses).
  *
  * The weights are the A operand, dequantised in registers: the packed int4
  * tiles (cuda_common.cuh) are already in the A-fragment order of a 16-row

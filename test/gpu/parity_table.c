@@ -67,12 +67,12 @@
 /* row counts: the int4 GEMV's 1 to 16 (1, 2 or 4 n8 tiles, each partly and
  * wholly; forced: on Hopper it serves up to 8), then 9 to 16 (the GEMV, or
  * on Hopper the warpgroup-MMA kernel), the block sizes of the warpgroup-MMA
- * kernel to 128 rows (32, 64, 128; the mma.sync gemm beyond and where wgmma
- * is absent) and from 160 the bf16 dequantisation + cuBLASLt
- * (g4c_matmul_i4) */
+ * kernel (32, 64, 128, then tiles of 128 up to 512; the mma.sync gemm where
+ * wgmma is absent) and beyond (from 160 without wgmma) the bf16
+ * dequantisation + cuBLASLt (g4c_matmul_i4) */
 #define GEMV_NS 1, 2, 3, 4, 5, 8, 11, 12, 16
 #define GEMM_NS 12, 16, 17, 24, 40, 64, 100, 300
-#define DECODE_NS 11, 16, 17, 32, 33, 64, 65, 128, 256
+#define DECODE_NS 11, 16, 17, 32, 33, 64, 65, 128, 256, 512
 
 #define CHECK1(op, bound, why) .check = {{op, NULL, bound, why}}
 #define SAMPLE(...) .kind = &parity_sample, .a.sample = {__VA_ARGS__}
