@@ -24,10 +24,10 @@
  *        through shared memory, each warp owning a quarter of the output).
  *        Prefill, and decode of layers with many query heads per KV head.
  *
- * Steps whose tiles hold several tokens (prefill chunks, verify steps) go to
- * attention_prefill.cu: the tc kernel's numerics, FlashAttention-2 style;
- * steps of one token per sequence on the turboquant pool to
- * attention_decode.cu.  The choice: choose_kernel.
+ * Prefill chunks go to attention_prefill.cu: the tc kernel's numerics,
+ * FlashAttention-2 style; decode and verify steps on the turboquant pool
+ * (a few tokens per sequence) to attention_decode.cu and
+ * attention_decode_full.cu.  The choice: choose_kernel.
  *
  * Long ranges are split over blocks (flash-decoding): each writes its
  * partial (max, sum, unnormalised output) per row and attn_merge_kernel
@@ -802,7 +802,8 @@ typedef struct
  *    sequences bring at most ATTN_DECODE_MAX_RUN tokens each: plain decode
  *    and verify steps.  Their split count is chosen for the step's
  *    sequences, not its tokens, so a verify step computes each token's
- *    attention exactly as the decode step of that token would (a verify
+ *    attention exactly as the decode step of that token would where both
+ *    steps' longest ranges fall in one power-of-two bucket (a verify
  *    step of 5 tokens on the tensor-core kernel: 48.6 us per sliding layer
  *    at batch 1 against 15.6 for a decode step, run 56).
  *    G4_ATTN_DECODE=off turns them off, so benchmarks can time the kernels
