@@ -106,14 +106,24 @@ sub job_worker_pid
 }
 
 # After a crash of a server process: until the postmaster has reset the
-# cluster and accepts sessions again, a query may be cut or refused.
+# cluster and accepts sessions again, a query may be cut or refused.  The
+# postmaster learns of the crash asynchronously, so a session may still
+# reach the old cluster first: the reset is over when an engine other than
+# $old_engine (its pid before the crash) is ready.
 sub wait_reconnected
 {
+	my ($old_engine) = @_;
+
 	for (1 .. 600)
 	{
 		# psql, not safe_psql: a refused or cut connection is no error here
 		my ($ret, $ready) = $node->psql('postgres', 'SELECT gemma_wait_ready(60000)');
-		return if $ret == 0 && $ready eq 't';
+		if ($ret == 0 && $ready eq 't')
+		{
+			my ($ret2, $engine) = $node->psql('postgres', 'SELECT engine_pid FROM gemma_stats');
+
+			return if $ret2 == 0 && $engine ne '' && $engine ne $old_engine;
+		}
 		select(undef, undef, undef, 0.1);
 	}
 	die 'the server did not come back after the crash';
@@ -225,11 +235,13 @@ sub fault
 fault('kill -9 of the job worker', sub {
 	my ($job) = @_;
 	my $pid = job_worker_pid($job);
+	my $engine = $node->safe_psql('postgres', 'SELECT engine_pid FROM gemma_stats');
 	ok($pid > 0, 'kill -9 of the job worker: it runs');
 	kill 'KILL', $pid;
 	# the postmaster resets the cluster (every session is cut, a query under
-	# way included); the supervisor's launcher resumes the job
-	wait_reconnected();
+	# way included, and the engine restarts); the supervisor's launcher
+	# resumes the job
+	wait_reconnected($engine);
 });
 
 fault('kill -9 of the engine process', sub {
