@@ -68,11 +68,12 @@ g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_s
  * matmuls by row count"):
  *   n <= I4_GEMV_MAX_ROWS     the GEMV (gemv_w4.cu): weights streamed once,
  *                             split bf16 activations (float32-class); on
- *                             Hopper up to I4_GEMV_MAX_ROWS_HOPPER, the
- *                             warpgroup-MMA kernel being faster beyond (a
- *                             sliding layer's matmuls at 16 rows: GEMV
- *                             116.8 us, wgmma 79.5; at 8: 81.6 / 77.6, at 4:
- *                             57.8 / 75.6; run 56);
+ *                             Hopper up to I4_GEMV_MAX_ROWS_HOPPER, where
+ *                             the two are within 5 % and the GEMV keeps its
+ *                             float32-class sums, the warpgroup-MMA kernel
+ *                             beyond (a sliding layer's matmuls at 16 rows:
+ *                             GEMV 116.8 us, wgmma 79.5; at 8: 81.6 / 77.6,
+ *                             at 4: 57.8 / 75.6; run 56);
  *   n <= I4_WGMMA_MAX_ROWS    on Hopper, the warpgroup-MMA kernel
  *                             (matmul_w4_wgmma.cu), 32 / 64 / 128 token rows
  *                             per block (tiles of 128 above), K split to
