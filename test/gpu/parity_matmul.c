@@ -126,17 +126,17 @@ static const char *
 initial_force(void)
 {
 	static int	read;
-	static char *v;
+	static char v[16];			/* the path names are shorter */
 
 	if (!read)
 	{
 		const char *e = getenv("G4_MATMUL_I4");
 
-		if (e && !(v = strdup(e)))
-			parity_abort("host allocation failed");
+		if (e)
+			snprintf(v, sizeof(v), "%s", e);
 		read = 1;
 	}
-	return v;
+	return v[0] ? v : NULL;
 }
 
 static void
