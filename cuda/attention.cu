@@ -6,7 +6,8 @@
  * [lo, hi) of its token, softmax(q·k·scale)·v, turboquant queries rotated by
  * the Hadamard transform once and outputs rotated back once.
  *
- *  simt  float32 on the CUDA cores, exact to rounding: one block per
+ *  simt  float32 on the CUDA cores, exact to rounding and batch-invariant
+ *        (each token splits its own range: attn_simt_splits): one block per
  *        (token, KV head, split) streams the 16-position head blocks of its
  *        range through shared memory (cp.async, double-buffered); four warps
  *        take four keys of each with an online softmax each, lane = a slice
@@ -75,9 +76,10 @@ attn_simt_kernel(attn_args a)
 	int			lo = a.lo[t],
 				hi = a.hi[t];
 	int			span = max(hi - lo, 0);
-	int			chunk = max((span + a.S - 1) / a.S, 1);
+	int			splits = attn_simt_splits(span);
+	int			chunk = max((span + splits - 1) / splits, 1);
 	int			j0 = lo + split * chunk;
-	int			j1 = min(hi, j0 + chunk);
+	int			j1 = split < splits ? min(hi, j0 + chunk) : j0;
 	int			slot = a.slot[t];
 	int			d0 = lane * E;
 	bool		dl = lane < LANES;
@@ -301,9 +303,12 @@ attn_tc_kernel(attn_args a)
 	float		o[NT_O][4];
 	float		mrow[2] = {-INFINITY, -INFINITY},
 				lrow[2] = {0.0f, 0.0f};
+	/* the run's first tile image, or -1: rebuild from the pool */
+	int			img0;
 
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
+	img0 = G::TILE_IMAGES && a.keqv_tiles ? a.tile_base[t0] : -1;
 	tile_row_ranges(a, t0, ntok, G::R, rlo, rhi, kr);
 	if (KEQV)
 	{
@@ -329,23 +334,40 @@ attn_tc_kernel(attn_args a)
 		int			lo1 = rlo[16 * rg + gr + 8],
 					hi1 = rhi[16 * rg + gr + 8];
 		tc_raw<HD, DT, KEQV, RG> raw;
+		tc_tile_copy<HD, G::NTH> img;
 
 		lo0 = max(lo0, ks);
 		lo1 = max(lo1, ks);
 		hi0 = min(hi0, ke);
 		hi1 = min(hi1, ke);
-		tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b0, raw);
+		if (img0 >= 0)
+			img.load(a.keqv_tiles + ((size_t) (img0 + b0) * a.n_kv + g) * 64 * HD);
+		else
+			tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b0, raw);
 		for (int b = b0; b <= b1; b++)
 		{
 			float		sacc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 
-			tc_store_block<HD, DT, KEQV, RG>(a, b, ks, ke, raw, Ks, Vs, knorm_s, invf_s);
-			if (!raw.ok && threadIdx.x == 0)
-				atomicOr(a.status, G4C_STATUS_KV_MISSING);
+			/* an image's keys outside [ks, ke) hold their values, not the
+			 * zeros of a rebuilt block: their scores are masked, so both
+			 * give the same probabilities and sums */
+			if (img0 >= 0)
+				img.store(Ks);
+			else
+			{
+				tc_store_block<HD, DT, KEQV, RG>(a, b, ks, ke, raw, Ks, Vs, knorm_s, invf_s);
+				if (!raw.ok && threadIdx.x == 0)
+					atomicOr(a.status, G4C_STATUS_KV_MISSING);
+			}
 			__syncthreads();
 			/* the next block's bytes travel while this one is used */
 			if (b < b1)
-				tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b + 1, raw);
+			{
+				if (img0 >= 0)
+					img.load(a.keqv_tiles + ((size_t) (img0 + b + 1) * a.n_kv + g) * 64 * HD);
+				else
+					tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b + 1, raw);
+			}
 
 			/* partial q·k over this warp's quarter of the head */
 #pragma unroll
@@ -508,6 +530,55 @@ attn_tc_kernel(attn_args a)
 		}
 		/* turboquant values were rotated: undo once per row */
 		tile_store_rotated<HD>(st, G::R, map);
+	}
+}
+
+/*
+ * The tile images of the step's k_eq_v prefill runs (keqv_tile_runs in
+ * backend_cuda.cu; runs[4r..4r+3] = slot, first tile, tiles, keys): one
+ * block per (tile, KV head), the very bytes the tc kernel's own
+ * tc_store_block would make of the pool block, keys past the run's zero.
+ * Blocks past the last run's tiles (the grid is a power of two, for step
+ * graphs) do nothing.
+ */
+template <int HD, int DT>
+__global__ void __launch_bounds__(128)
+attn_keqv_tiles_kernel(attn_args a, const int32_t *runs, int n_runs, uint8_t *images)
+{
+	int			tile = blockIdx.x;
+	int			g = blockIdx.y;
+	int			r = 0;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	while (r < n_runs && tile >= runs[4 * r + 1] + runs[4 * r + 2])
+		r++;
+	if (r < n_runs)
+	{
+		int			b = tile - runs[4 * r + 1];
+		uint8_t    *img = images + ((size_t) tile * a.n_kv + g) * 64 * HD;
+		tc_raw<HD, DT, true, 1> raw;
+
+		tc_load_raw<HD, DT, true, 1>(a, runs[4 * r], g, b, raw);
+		tc_store_block<HD, DT, true, 1>(a, b, 0, runs[4 * r + 3], raw, img, img + 32 * HD, a.knorm, a.inv_freq);
+		if (!raw.ok && threadIdx.x == 0)
+			atomicOr(a.status, G4C_STATUS_KV_MISSING);
+	}
+}
+
+static attn_keqv_tiles_fn
+keqv_tiles_kernel(int hd, int dtype)
+{
+	if (hd != 512)
+		return NULL;
+	switch (dtype)
+	{
+		case G4_KV_F32:
+			return attn_keqv_tiles_kernel<512, G4_KV_F32>;
+		case G4_KV_BF16:
+			return attn_keqv_tiles_kernel<512, G4_KV_BF16>;
+		default:
+			return attn_keqv_tiles_kernel<512, G4_KV_TURBOQUANT_K8V4>;
 	}
 }
 
@@ -787,6 +858,10 @@ typedef struct
 	int			min_keys;		/* keys per split, at least */
 	int			split_rows;		/* decode kernels: the step's sequences, which the
 								 * split count is chosen for (0: its blocks) */
+	int			token_splits;	/* float32: each token splits its own span
+								 * (attn_simt_splits) */
+	int			tile_images;	/* tc on k_eq_v prefill tiles: prefill runs'
+								 * keys as tile images (keqv_tile_images) */
 } attn_choice;
 
 /* Steps whose sequences bring at most this many consecutive tokens each go
@@ -902,6 +977,7 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 	if (tc && (gq >= 8 || n >= 2 || !simt || gq > gqmax))
 	{
 		ch->fn = tc;
+		ch->tile_images = L->k_eq_v && rg == 4;
 		ch->name = "attention (tensor cores)";
 		ch->threads = 128 * rg;
 		ch->rows = 16 * rg;
@@ -919,7 +995,49 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 	ch->threads = SIMT_WARPS * 32;
 	ch->rows = gq;
 	ch->level = -1;
-	ch->per_sm = 8;
+	ch->token_splits = 1;
+	return G4_OK;
+}
+
+/*
+ * The tile images of this layer's prefill runs into a->keqv_tiles (left
+ * NULL when the step has none or they would pass KEQV_TILES_MAX_BYTES: the
+ * tc kernel then rebuilds every block it reads).  The grid and the buffer
+ * are sized for the power of two above the step's tile count, which the
+ * step graph's key holds.
+ */
+#define KEQV_TILES_MAX_BYTES ((size_t) 512 << 20)
+
+static int
+keqv_tile_images(g4_cuda *c, attn_args *a)
+{
+	static const char *env;
+	static int	env_read;
+	attn_keqv_tiles_fn fn = keqv_tiles_kernel(a->hd, a->dtype);
+	int			grid = 16;
+	size_t		bytes;
+	uint8_t    *img;
+
+	if (!env_read)
+	{
+		/* G4_ATTN_TILES=off: every block rebuilds its keys (benchmarks) */
+		env = getenv("G4_ATTN_TILES");
+		env_read = 1;
+	}
+	if (!fn || c->n_keqv_tiles <= 0 || (env && strcmp(env, "off") == 0))
+		return G4_OK;
+	while (grid < c->n_keqv_tiles)
+		grid <<= 1;
+	bytes = (size_t) grid * (size_t) a->n_kv * 64 * (size_t) a->hd;
+	if (bytes > KEQV_TILES_MAX_BYTES)
+		return G4_OK;
+	img = (uint8_t *) g4c_grow(c, &c->keqv_tiles, &c->keqv_tiles_bytes, bytes, "k_eq_v tile images");
+	if (!img)
+		return c->err_code;
+	if (g4c_launch(c, "attention (k_eq_v tile images)", fn, dim3((unsigned) grid, (unsigned) a->n_kv), dim3(128), 0,
+				   *a, (const int32_t *) c->d_tile_runs, c->n_tile_runs, img) != G4_OK)
+		return c->err_code;
+	a->keqv_tiles = img;
 	return G4_OK;
 }
 
@@ -968,11 +1086,18 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.status = c->d_status;
 	a.partial = NULL;
 	a.tiles = ch.level >= 0 ? c->d_tiles[ch.level] : NULL;
+	a.tile_base = c->d_tile_base;
+	a.keqv_tiles = NULL;
+	if (ch.tile_images && L->group == G4_KVG_FULL && keqv_tile_images(c, &a) != G4_OK)
+		return c->err_code;
 	groups = (ch.level >= 0 ? c->n_tiles[ch.level] : n) * a.n_kv;
 	{
 		int			split_base = ch.split_rows > 0 ? ch.split_rows * a.n_kv : groups;
 
-		a.S = choose_splits(c, split_base, c->span_bucket[L->group], ch.per_sm, ch.min_keys);
+		if (ch.token_splits)
+			a.S = attn_simt_splits(c->span_bucket[L->group]);
+		else
+			a.S = choose_splits(c, split_base, c->span_bucket[L->group], ch.per_sm, ch.min_keys);
 		if (ch.waves)
 		{
 			int			resident = resident_per_sm(c, ch.fn, ch.threads, ch.smem);

@@ -14,6 +14,25 @@
 
 #define ATTN_SPLIT_MIN_KEYS 32
 
+/*
+ * The float32 kernel splits a token's range by the token's own span alone:
+ * ceil(span / ATTN_SPLIT_MIN_KEYS) splits, at most ATTN_SIMT_MAX_SPLITS, so
+ * that a token's attention never depends on what else the step holds (the
+ * batch, the longest range, a verify step's other tokens): the kernel that
+ * is exact to rounding is also batch-invariant.  The launch covers the
+ * step's most (attn_simt_splits of its longest span); a token's further
+ * splits are empty and add nothing in the merge.
+ */
+#define ATTN_SIMT_MAX_SPLITS 32
+
+static inline __host__ __device__ int
+attn_simt_splits(int span)
+{
+	int			s = (span + ATTN_SPLIT_MIN_KEYS - 1) / ATTN_SPLIT_MIN_KEYS;
+
+	return s < 1 ? 1 : (s > ATTN_SIMT_MAX_SPLITS ? ATTN_SIMT_MAX_SPLITS : s);
+}
+
 struct attn_args;
 typedef void (*attn_kernel_fn) (struct attn_args);
 
@@ -44,9 +63,15 @@ struct attn_args
 	int			S;				/* splits (gridDim.y) */
 	float	   *partial;		/* [group][split][row][hd + 2] when S > 1 */
 	unsigned   *status;
+	/* tc, k_eq_v: the prefill runs' keys and values as f16 tile images
+	 * (attn_keqv_tiles_kernel), or NULL; per token its run's first tile,
+	 * -1 for tokens outside the runs */
+	const uint8_t *keqv_tiles;
+	const int32_t *tile_base;
 };
 
 typedef void (*attn_kernel_fn) (attn_args);
+typedef void (*attn_keqv_tiles_fn) (attn_args, const int32_t *, int, uint8_t *);
 
 /* attention_prefill.cu: its kernel for this geometry, or NULL */
 attn_kernel_fn g4c_attention_prefill_kernel(int hd, int k_eq_v, int dtype, int gq, int *rows, int *threads, int *smem);
@@ -503,6 +528,8 @@ struct tc_geom
 	static constexpr int STAGE_BYTES = ROT ? R * HD * 4 : 0;
 	static constexpr int MAIN_BYTES = Q_BYTES + (KV_BYTES > STAGE_BYTES ? KV_BYTES : STAGE_BYTES);
 	static constexpr int SMEM = MAIN_BYTES + SX_BYTES + (HD + HD / 2) * 4 + R * 8;
+	/* prefill tiles (64 rows) of k_eq_v layers read tile images */
+	static constexpr bool TILE_IMAGES = KEQV && RG == 4;
 };
 
 /* Raw bytes of one thread's pieces of one pool block. */
@@ -642,6 +669,33 @@ tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, K
 			make_uint4(g4c_pack_f16(vx[0], vx[1]), g4c_pack_f16(vx[2], vx[3]), g4c_pack_f16(vx[4], vx[5]), g4c_pack_f16(vx[6], vx[7]));
 	}
 }
+
+/*
+ * A 16-key tile image: the bytes tc_store_block writes to Ks then Vs
+ * (swizzled f16 rows, 64·HD bytes), made once per layer for a prefill run by
+ * attn_keqv_tiles_kernel, so that the blocks of query rows reading the run
+ * copy them rather than rebuild RoPE(v ⊙ k_norm) each.  A thread's share:
+ * U uint4, loaded for the next tile while this one is used.
+ */
+template <int HD, int NTH>
+struct tc_tile_copy
+{
+	static constexpr int U = 64 * HD / 16 / NTH;
+	uint4		v[U];
+
+	__device__ __forceinline__ void load(const uint8_t *img)
+	{
+#pragma unroll
+		for (int i = 0; i < U; i++)
+			v[i] = __ldcg(reinterpret_cast<const uint4 *>(img) + threadIdx.x + i * NTH);
+	}
+	__device__ __forceinline__ void store(unsigned char *KVs) const
+	{
+#pragma unroll
+		for (int i = 0; i < U; i++)
+			reinterpret_cast<uint4 *>(KVs)[threadIdx.x + i * NTH] = v[i];
+	}
+};
 
 /* attention_decode.cu: the decode kernel for this geometry and `groups`
  * (token, KV head) pairs on sm_count SMs, or NULL; *smem its dynamic

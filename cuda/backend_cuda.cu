@@ -186,6 +186,8 @@ cu_destroy(g4_backend *be)
 		cudaFreeHost(c->h_meta);
 	if (c->scratch)
 		cudaFree(c->scratch);
+	if (c->keqv_tiles)
+		cudaFree(c->keqv_tiles);
 	if (c->counters)
 		cudaFree(c->counters);
 	g4c_lt_free(c);
@@ -218,7 +220,7 @@ cu_held_bytes(g4_backend *be)
 {
 	g4_cuda    *c = g4c_of(be);
 
-	return c->scratch_bytes + c->counters_n * sizeof(unsigned) + c->meta_ints * sizeof(int32_t) +
+	return c->scratch_bytes + c->keqv_tiles_bytes + c->counters_n * sizeof(unsigned) + c->meta_ints * sizeof(int32_t) +
 		g4c_lt_held_bytes(c) + (size_t) c->cap_ids * sizeof(int32_t) +
 		(size_t) c->cap_rows * sizeof(g4_row_sampling) + (size_t) c->cap_suppress * sizeof(int32_t) +
 		(size_t) c->cap_sample_work;
@@ -565,7 +567,7 @@ meta_reserve(g4_cuda *c, int n, int n_logits)
 	if (n <= c->cap_tokens && n_logits <= c->cap_logits && c->d_meta)
 		return G4_OK;
 	cap = G4_MAX(cap, 64);
-	ints = (size_t) cap * 7 + (size_t) capl + (size_t) G4C_TPC_LEVELS * (size_t) (cap + 1);
+	ints = (size_t) cap * 12 + (size_t) capl + (size_t) G4C_TPC_LEVELS * (size_t) (cap + 1);
 	G4C_CHECK(c, cudaStreamSynchronize(c->stream));
 	graphs_drop_all(c);
 	if (c->d_meta)
@@ -594,8 +596,57 @@ meta_reserve(g4_cuda *c, int n, int n_logits)
 		c->d_logit_rows = d + 7 * (size_t) cap;
 		for (l = 0; l < G4C_TPC_LEVELS; l++)
 			c->d_tiles[l] = d + 7 * (size_t) cap + (size_t) capl + (size_t) l * (size_t) (cap + 1);
+		c->d_tile_base = d + 7 * (size_t) cap + (size_t) capl + (size_t) G4C_TPC_LEVELS * (size_t) (cap + 1);
+		c->d_tile_runs = c->d_tile_base + cap;
 	}
 	return G4_OK;
+}
+
+/*
+ * The prefill runs whose k_eq_v keys and values the full layers' tensor-core
+ * kernel reads as f16 tiles made once per layer (attention.cu, keqv_tiles),
+ * not rebuilt by every block of query rows: each run of at least
+ * G4C_KEQV_TILE_MIN_RUN consecutive tokens of one sequence whose full-group
+ * ranges start at key 0.  base[t]: the first tile of token t's run, or -1;
+ * runs: (slot, first tile, tiles, keys) per run.
+ */
+#define G4C_KEQV_TILE_MIN_RUN 64
+
+static void
+keqv_tile_runs(g4_cuda *c, const g4_step_meta *m, int32_t *base, int32_t *runs)
+{
+	int			n = m->n_tokens;
+	int			t = 0;
+
+	c->n_tile_runs = 0;
+	c->n_keqv_tiles = 0;
+	while (t < n)
+	{
+		int			e = t + 1,
+					keys = m->hi[G4_KVG_FULL][t],
+					from_zero = m->lo[G4_KVG_FULL][t] == 0;
+		int			first = -1;
+
+		while (e < n && m->slot[e] == m->slot[t] && m->pos[e] == m->pos[e - 1] + 1)
+		{
+			keys = G4_MAX(keys, m->hi[G4_KVG_FULL][e]);
+			from_zero &= m->lo[G4_KVG_FULL][e] == 0;
+			e++;
+		}
+		if (e - t >= G4C_KEQV_TILE_MIN_RUN && from_zero && keys > 0)
+		{
+			int32_t    *r = runs + 4 * (size_t) c->n_tile_runs++;
+
+			first = c->n_keqv_tiles;
+			r[0] = m->slot[t];
+			r[1] = first;
+			r[2] = (keys + G4_KV_BLOCK_TOKENS - 1) / G4_KV_BLOCK_TOKENS;
+			r[3] = keys;
+			c->n_keqv_tiles += r[2];
+		}
+		for (; t < e; t++)
+			base[t] = first;
+	}
 }
 
 static int
@@ -661,6 +712,7 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 		tiles[nt] = n;
 		c->n_tiles[l] = nt;
 	}
+	keqv_tile_runs(c, m, h + (c->d_tile_base - c->d_meta), h + (c->d_tile_runs - c->d_meta));
 	G4C_CHECK(c, cudaMemcpyAsync(c->d_meta, h, c->meta_ints * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
 	G4C_CHECK(c, cudaEventRecord(c->meta_done, c->stream));
 	c->n_tokens = n;
@@ -671,6 +723,7 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 		key = mix(key, (uint64_t) c->span_bucket[g]);
 	for (l = 0; l < G4C_TPC_LEVELS; l++)
 		key = mix(key, (uint64_t) c->n_tiles[l]);
+	key = mix(mix(key, (uint64_t) c->n_tile_runs), (uint64_t) next_pow2(c->n_keqv_tiles));
 	c->step_key = key;
 	return G4_OK;
 }

@@ -113,6 +113,14 @@ typedef struct
 	int32_t    *d_tiles[G4C_TPC_LEVELS];	/* first token of each tile, then n */
 	int			n_tiles[G4C_TPC_LEVELS];
 	int			span_bucket[G4_KVG_COUNT];	/* pow2 >= the longest visible range */
+	/* k_eq_v keys and values as f16 tiles for prefill runs (attention.cu,
+	 * keqv_tiles): per token its sequence's first tile or -1; per run
+	 * (slot, first tile, tiles, keys) */
+	int32_t    *d_tile_base, *d_tile_runs;
+	int			n_tile_runs;
+	int			n_keqv_tiles;	/* 16-key tiles of all runs */
+	void	   *keqv_tiles;		/* grows outside graph capture only */
+	size_t		keqv_tiles_bytes;
 
 	/* scratch (grows outside graph capture only) */
 	void	   *scratch;
