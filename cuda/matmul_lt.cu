@@ -17,6 +17,7 @@
  * The cuBLASLt handle and its workspace are made with the backend, so calls
  * recorded into a step graph allocate nothing.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include <cublasLt.h>
@@ -24,6 +25,9 @@
 #include "matmul.cuh"
 
 #define LT_WORKSPACE_BYTES ((size_t) 32 << 20)
+/* G4_LT_ALGO=i (benchmarks) takes the heuristic's i-th algorithm of
+ * LT_ALGOS instead of its first */
+#define LT_ALGOS 8
 
 /*
  * Dequantisation: one warp per item of 16 rows x DQ_TILES k-tiles.  Each
@@ -227,7 +231,8 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 				lb = NULL,
 				ld = NULL;
 	cublasLtMatmulPreference_t pref = NULL;
-	cublasLtMatmulHeuristicResult_t heur;
+	cublasLtMatmulHeuristicResult_t heur[LT_ALGOS];
+	const char *pick = getenv("G4_LT_ALGO");
 	cublasOperation_t ta = CUBLAS_OP_T;
 	size_t		ws = LT_WORKSPACE_BYTES;
 	int			found = 0;
@@ -248,15 +253,16 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 	LT_CHECK(c, cublasLtMatmulPreferenceCreate(&pref), "preference");
 	LT_CHECK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
 			 "preference");
-	LT_CHECK(c, cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t) c->lt, op, la, lb, ld, ld, pref, 1, &heur, &found),
-			 "heuristic");
+	LT_CHECK(c, cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t) c->lt, op, la, lb, ld, ld, pref,
+											   pick ? LT_ALGOS : 1, heur, &found), "heuristic");
 	if (found < 1)
 	{
 		rc = lt_fail(c, CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm");
 		goto done;
 	}
 	LT_CHECK(c, cublasLtMatmul((cublasLtHandle_t) c->lt, op, &alpha, wb, la, xb, lb, &beta, y, ld, y, ld,
-							   &heur.algo, c->lt_ws, LT_WORKSPACE_BYTES, c->stream), "matmul");
+							   &heur[pick ? (atoi(pick) < found ? atoi(pick) : found - 1) : 0].algo, c->lt_ws,
+							   LT_WORKSPACE_BYTES, c->stream), "matmul");
 done:
 	if (pref)
 		cublasLtMatmulPreferenceDestroy(pref);

@@ -100,6 +100,7 @@ int			g4_workspace_init(g4_model *m, int max_tokens, int max_logits, g4_workspac
 void		g4_workspace_free(g4_model *m, g4_workspace *ws);
 /* Bytes g4_workspace_init would allocate. */
 size_t		g4_workspace_bytes(const g4_model_config *c, int max_tokens, int max_logits);
+int			g4_mlp_slice_rows(const g4_workspace *ws, int n_tokens);
 
 /* Embedding rows supplied instead of token lookups (image/audio soft
  * tokens): rows[i] goes to step row row_index[i]. Host memory. */

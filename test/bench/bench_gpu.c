@@ -7,6 +7,7 @@
  *
  *   bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq]
  *             [--ops-n 1,64,2048] [--ops-tokens T] [--matmul-n 17,32,...]
+ *             [--lt-algos N]
  *
  * decode    B sequences (1, 16, 64) at contexts 2k / 32k: tokens/s and the
  *           bytes one step must read (weights + each sequence's visible KV)
@@ -23,7 +24,9 @@
  * matmul    the int4 matmuls of a sliding layer at 17 to 2,048 rows through
  *           each int4 path that serves the row count (G4_MATMUL_I4=gemv /
  *           gemm / wgmma / lt): where g4c_matmul_i4's thresholds lie
- *           (--matmul-n: other row counts, the GEMV's from 1 to 16).
+ *           (--matmul-n: other row counts, the GEMV's from 1 to 16;
+ *           --lt-algos N: cuBLASLt alone, with each of its heuristic's
+ *           first N algorithms, G4_LT_ALGO).
  * capacity  for bf16 and turboquant_k8v4: how many 262,144-token sequences
  *           the pool's accounting says fit next to the weights at 95 % of
  *           device memory, then that many reserved at full length and
@@ -335,7 +338,7 @@ run_op(void *p)
 			be->ops->attention(be, kv, D.ws.qkv, stride, n, D.ws.attn);
 			break;
 		case OP_GEGLU:
-			be->ops->geglu(be, D.ws.gu, G4_MIN(n, D.ws.mlp_rows), c->intermediate_size, D.ws.act);
+			be->ops->geglu(be, D.ws.gu, g4_mlp_slice_rows(&D.ws, n), c->intermediate_size, D.ws.act);
 			break;
 		case OP_ADDNORM:
 			be->ops->add_rmsnorm(be, D.ws.x, D.ws.h, ly->post_attn_norm, n, c->hidden_size, 1e-6f, 1.0f,
@@ -450,7 +453,7 @@ breakdown(int seqs, int tps, int ctx)
 			if (ops[k].what == OP_ADDNORM)
 				per = 2 * c->n_layers;
 			if (ops[k].what == OP_GEGLU)
-				per = c->n_layers;
+				per = c->n_layers * G4_DIV_UP(n, g4_mlp_slice_rows(&D.ws, n));
 			if (ops[k].what == OP_MATMUL)
 			{
 				const g4_layer *ly = &D.m->layers[a.layer];
@@ -473,15 +476,15 @@ breakdown(int seqs, int tps, int ctx)
 						a.w = ly->gate_up;
 						a.in = D.ws.h;
 						a.out = D.ws.gu;
-						a.n = G4_MIN(n, D.ws.mlp_rows);
-						per = c->n_layers * (later ? G4_DIV_UP(n, D.ws.mlp_rows) - 1 : 1);
+						a.n = g4_mlp_slice_rows(&D.ws, n);
+						per = c->n_layers * (later ? G4_DIV_UP(n, a.n) - 1 : 1);
 						break;
 					case 4:
 						a.w = ly->down;
 						a.in = D.ws.act;
 						a.out = D.ws.h;
-						a.n = G4_MIN(n, D.ws.mlp_rows);
-						per = c->n_layers * (later ? G4_DIV_UP(n, D.ws.mlp_rows) - 1 : 1);
+						a.n = g4_mlp_slice_rows(&D.ws, n);
+						per = c->n_layers * (later ? G4_DIV_UP(n, a.n) - 1 : 1);
 						break;
 					default:
 						a.w = D.m->embed;
@@ -526,71 +529,100 @@ breakdown(int seqs, int tps, int ctx)
 
 /* ---- int4 matmuls by row count ------------------------------------------------ */
 
+/* A sliding layer's four int4 matmuls at n rows on the path G4_MATMUL_I4
+ * (and G4_LT_ALGO) select, printed under `label`. */
 static void
-bench_matmul(const int *ns, int n_ns)
+bench_matmul_layer(int n, const char *label)
 {
-	static const char *paths[] = {"gemv", "gemm", "wgmma", "lt"};
 	const g4_model_config *c = &D.m->cfg;
+	const g4_layer *ly;
 	int			sl = 0;
-	size_t		i,
-				p;
+	double		sum = 0,
+				bytes = 0,
+				flops = 0;
+	size_t		k;
 
 	while (c->layer_full[sl])
 		sl++;
-	for (i = 0; i < (size_t) n_ns; i++)
-		for (p = 0; p < G4_ARRAY_LEN(paths); p++)
+	ly = &D.m->layers[sl];
+	{
+		struct
 		{
-			const g4_layer *ly = &D.m->layers[sl];
-			struct
-			{
-				const char *name;
-				int			which;
-				const g4_weight *w;
-				const float *in;
-				float	   *out;
-			}			mm[] = {
-				{"qkv", MM_QKV, ly->qkv, D.ws.h, D.ws.qkv},
-				{"o", MM_O, ly->o, D.ws.attn, D.ws.h},
-				{"gate_up", MM_GATE_UP, ly->gate_up, D.ws.h, D.ws.gu},
-				{"down", MM_DOWN, ly->down, D.ws.act, D.ws.h},
-			};
-			double		sum = 0,
-						bytes = 0,
-						flops = 0;
-			size_t		k;
-			int			n = G4_MIN(ns[i], D.ws.mlp_rows);
+			const char *name;
+			int			which;
+			const g4_weight *w;
+			const float *in;
+			float	   *out;
+		}			mm[] = {
+			{"qkv", MM_QKV, ly->qkv, D.ws.h, D.ws.qkv},
+			{"o", MM_O, ly->o, D.ws.attn, D.ws.h},
+			{"gate_up", MM_GATE_UP, ly->gate_up, D.ws.h, D.ws.gu},
+			{"down", MM_DOWN, ly->down, D.ws.act, D.ws.h},
+		};
 
+		for (k = 0; k < G4_ARRAY_LEN(mm); k++)
+		{
+			op_arg		a;
+			double		us,
+						wb = (double) be->ops->weight_bytes(mm[k].w);
+
+			memset(&a, 0, sizeof(a));
+			a.what = OP_MATMUL;
+			a.which = mm[k].which;
+			a.layer = sl;
+			a.n = n;
+			a.w = mm[k].w;
+			a.in = mm[k].in;
+			a.out = mm[k].out;
+			us = time_op(n <= 256 ? 40 : 10, run_op, &a);
+			printf("BENCH matmul path=%s n=%d op=%s us=%.2f weight_TBs=%.2f TFLOPs=%.1f\n", label, n, mm[k].name, us,
+				   wb / (us * 1e-6) / 1e12, 2.0 * n * wb * 2.0 / (us * 1e-6) / 1e12);
+			sum += us;
+			bytes += wb;
+			flops += 2.0 * n * wb * 2.0;	/* ~2 weights per byte */
+		}
+	}
+	printf("BENCH matmul path=%s n=%d op=\"sliding layer\" us=%.2f weight_TBs=%.2f TFLOPs=%.1f\n", label, n, sum,
+		   bytes / (sum * 1e-6) / 1e12, flops / (sum * 1e-6) / 1e12);
+	note("int4 %-5s n=%-5d sliding layer %8.1f us  %.2f TB/s  %.0f TFLOP/s", label, n, sum,
+		 bytes / (sum * 1e-6) / 1e12, flops / (sum * 1e-6) / 1e12);
+	fflush(stdout);
+}
+
+/* Every path at every row count it serves; with lt_algos > 0 only cuBLASLt,
+ * once with each of the heuristic's first lt_algos algorithms ("lt#i"). */
+static void
+bench_matmul(const int *ns, int n_ns, int lt_algos)
+{
+	static const char *paths[] = {"gemv", "gemm", "wgmma", "lt"};
+	size_t		i,
+				p;
+
+	for (i = 0; i < (size_t) n_ns; i++)
+	{
+		int			n = G4_MIN(ns[i], D.ws.mlp_rows);
+
+		for (p = 0; p < G4_ARRAY_LEN(paths) && lt_algos <= 0; p++)
+		{
 			if (p == 0 && n > 16)
 				continue;		/* the GEMV serves 1 to 16 rows */
 			setenv("G4_MATMUL_I4", paths[p], 1);
-			for (k = 0; k < G4_ARRAY_LEN(mm); k++)
-			{
-				op_arg		a;
-				double		us,
-							wb = (double) be->ops->weight_bytes(mm[k].w);
-
-				memset(&a, 0, sizeof(a));
-				a.what = OP_MATMUL;
-				a.which = mm[k].which;
-				a.layer = sl;
-				a.n = n;
-				a.w = mm[k].w;
-				a.in = mm[k].in;
-				a.out = mm[k].out;
-				us = time_op(n <= 256 ? 40 : 10, run_op, &a);
-				printf("BENCH matmul path=%s n=%d op=%s us=%.2f weight_TBs=%.2f TFLOPs=%.1f\n", paths[p], n,
-					   mm[k].name, us, wb / (us * 1e-6) / 1e12, 2.0 * n * wb * 2.0 / (us * 1e-6) / 1e12);
-				sum += us;
-				bytes += wb;
-				flops += 2.0 * n * wb * 2.0;	/* ~2 weights per byte */
-			}
-			printf("BENCH matmul path=%s n=%d op=\"sliding layer\" us=%.2f weight_TBs=%.2f TFLOPs=%.1f\n", paths[p],
-				   n, sum, bytes / (sum * 1e-6) / 1e12, flops / (sum * 1e-6) / 1e12);
-			note("int4 %-4s n=%-5d sliding layer %8.1f us  %.2f TB/s  %.0f TFLOP/s", paths[p], n, sum,
-				 bytes / (sum * 1e-6) / 1e12, flops / (sum * 1e-6) / 1e12);
-			fflush(stdout);
+			bench_matmul_layer(n, paths[p]);
 		}
+		for (p = 0; p < (size_t) lt_algos; p++)
+		{
+			char		k[16],
+						label[16];
+
+			snprintf(k, sizeof(k), "%d", (int) p);
+			snprintf(label, sizeof(label), "lt#%d", (int) p);
+			setenv("G4_MATMUL_I4", "lt", 1);
+			setenv("G4_LT_ALGO", k, 1);
+			bench_matmul_layer(n, label);
+		}
+	}
 	unsetenv("G4_MATMUL_I4");
+	unsetenv("G4_LT_ALGO");
 }
 
 /* ---- capacity ---------------------------------------------------------------- */
@@ -729,7 +761,8 @@ main(int argc, char **argv)
 				matmul_n[16];
 	int			n_ops = (int) G4_ARRAY_LEN(ops_default),
 				n_matmul = (int) G4_ARRAY_LEN(matmul_default),
-				ops_tokens = 1;
+				ops_tokens = 1,
+				lt_algos = 0;
 	const char *model = NULL;
 	const char *what = "ops,decode,prefill,capacity";
 	g4_err		err;
@@ -757,10 +790,12 @@ main(int argc, char **argv)
 			ops_tokens = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--matmul-n") == 0 && i + 1 < argc)
 			n_matmul = parse_counts(argv[++i], matmul_n, (int) G4_ARRAY_LEN(matmul_n));
+		else if (strcmp(argv[i], "--lt-algos") == 0 && i + 1 < argc)
+			lt_algos = atoi(argv[++i]);
 	}
 	if (!model || ops_tokens < 1 || ops_tokens > 8)
 	{
-		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq] [--ops-n LIST] [--ops-tokens T] [--matmul-n LIST]\n");
+		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq] [--ops-n LIST] [--ops-tokens T] [--matmul-n LIST] [--lt-algos N]\n");
 		return 2;
 	}
 	if (g4_backend_cuda_create(0, &be, &err) != G4_OK)
@@ -777,7 +812,7 @@ main(int argc, char **argv)
 		for (i = 0; i < n_ops; i++)
 			breakdown(ops_n[i], ops_tokens, ops_n[i] <= 64 ? 2048 : 0);
 	if (strstr(what, "matmul"))
-		bench_matmul(matmul_n, n_matmul);
+		bench_matmul(matmul_n, n_matmul, lt_algos);
 	if (strstr(what, "decode"))
 		bench_decode();
 	if (strstr(what, "prefill"))
