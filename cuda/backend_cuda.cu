@@ -604,10 +604,10 @@ meta_reserve(g4_cuda *c, int n, int n_logits)
 
 /*
  * The prefill runs whose k_eq_v keys and values the full layers' tensor-core
- * kernel reads as f16 tiles made once per layer (attention.cu, keqv_tiles),
- * not rebuilt by every block of query rows: each run of at least
- * G4C_KEQV_TILE_MIN_RUN consecutive tokens of one sequence whose full-group
- * ranges start at key 0.  base[t]: the first tile of token t's run, or -1;
+ * kernel reads as f16 tiles made once per layer (attention.cu,
+ * keqv_tile_images), not rebuilt by every block of query rows: each run of
+ * at least G4C_KEQV_TILE_MIN_RUN consecutive tokens of one sequence whose
+ * full-group ranges start at key 0.  base[t]: the first tile of token t's run, or -1;
  * runs: (slot, first tile, tiles, keys) per run.
  */
 #define G4C_KEQV_TILE_MIN_RUN 64

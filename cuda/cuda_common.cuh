@@ -114,7 +114,7 @@ typedef struct
 	int			n_tiles[G4C_TPC_LEVELS];
 	int			span_bucket[G4_KVG_COUNT];	/* pow2 >= the longest visible range */
 	/* k_eq_v keys and values as f16 tiles for prefill runs (attention.cu,
-	 * keqv_tiles): per token its sequence's first tile or -1; per run
+	 * keqv_tile_images): per token its run's first tile or -1; per run
 	 * (slot, first tile, tiles, keys) */
 	int32_t    *d_tile_base, *d_tile_runs;
 	int			n_tile_runs;
