@@ -235,7 +235,8 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 	const char *pick = getenv("G4_LT_ALGO");
 	cublasOperation_t ta = CUBLAS_OP_T;
 	size_t		ws = LT_WORKSPACE_BYTES;
-	int			found = 0;
+	int			found = 0,
+				algo;
 	float		alpha = 1.0f,
 				beta = 0.0f;
 	int			rc = G4_OK;
@@ -260,9 +261,10 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 		rc = lt_fail(c, CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm");
 		goto done;
 	}
+	algo = pick ? atoi(pick) : 0;
+	algo = algo < 0 ? 0 : algo >= found ? found - 1 : algo;
 	LT_CHECK(c, cublasLtMatmul((cublasLtHandle_t) c->lt, op, &alpha, wb, la, xb, lb, &beta, y, ld, y, ld,
-							   &heur[pick ? (atoi(pick) < found ? atoi(pick) : found - 1) : 0].algo, c->lt_ws,
-							   LT_WORKSPACE_BYTES, c->stream), "matmul");
+							   &heur[algo].algo, c->lt_ws, LT_WORKSPACE_BYTES, c->stream), "matmul");
 done:
 	if (pref)
 		cublasLtMatmulPreferenceDestroy(pref);
