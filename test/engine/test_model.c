@@ -10,6 +10,7 @@
  * where that error is tiny).  Greedy continuations must match exactly.
  */
 #include "harness.h"
+#include "model.h"
 #include "test.h"
 
 #define ERR_FACTOR 3.0
@@ -40,6 +41,35 @@ golden(void)
 	const h_golden *G = golden(); \
 	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)"); \
 	if (!G) { CHECK_MSG(0, "golden: %s", gc.why); }
+
+/* The MLP's row slices (g4_mlp_slice_rows): as few as the gate/up buffer
+ * allows, of equal size in multiples of 128 rows (the last one shorter),
+ * never more rows than the buffer holds. */
+G4_TEST(model_mlp_slices_equal_and_bounded)
+{
+	static const int caps[] = {1, 100, 128, 1456, 5000};
+	static const int steps[] = {1, 2, 127, 128, 129, 592, 1456, 1457, 2048, 3000, 16384};
+	size_t		i,
+				j;
+
+	for (i = 0; i < sizeof(caps) / sizeof(caps[0]); i++)
+		for (j = 0; j < sizeof(steps) / sizeof(steps[0]); j++)
+		{
+			g4_workspace ws;
+			int			T = steps[j],
+						slice,
+						want_slices;
+
+			memset(&ws, 0, sizeof(ws));
+			ws.mlp_rows = caps[i];
+			slice = g4_mlp_slice_rows(&ws, T);
+			want_slices = (T + caps[i] - 1) / caps[i];
+			CHECK_MSG(slice >= 1 && slice <= caps[i], "cap %d, %d tokens: slice %d", caps[i], T, slice);
+			CHECK_MSG((T + slice - 1) / slice == want_slices, "cap %d, %d tokens: %d slices of %d, %d expected",
+					  caps[i], T, (T + slice - 1) / slice, slice, want_slices);
+			CHECK_MSG(slice == caps[i] || slice % 128 == 0, "cap %d, %d tokens: slice %d", caps[i], T, slice);
+		}
+}
 
 G4_TEST(model_fixture_matches_reference)
 {
