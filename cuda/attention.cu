@@ -24,6 +24,9 @@
  *        splits head_dim over four warps per 16 rows (partial q·k summed
  *        through shared memory, each warp owning a quarter of the output).
  *        Prefill, and decode of layers with many query heads per KV head.
+ *        On k_eq_v layers, the prefill runs' blocks come as f16 tile images
+ *        made once per layer (keqv_tile_images) instead of being rebuilt
+ *        by every block of query rows.
  *
  * Prefill chunks go to attention_prefill.cu: the tc kernel's numerics,
  * FlashAttention-2 style; decode and verify steps on the turboquant pool
