@@ -1006,8 +1006,8 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
  * The tile images of this layer's prefill runs into a->keqv_tiles (left
  * NULL when the step has none or they would pass KEQV_TILES_MAX_BYTES: the
  * tc kernel then rebuilds every block it reads).  The grid and the buffer
- * are sized for the power of two above the step's tile count, which the
- * step graph's key holds.
+ * are sized for c->keqv_tile_grid, the power of two above the step's tile
+ * count that the step graph's key holds.
  */
 #define KEQV_TILES_MAX_BYTES ((size_t) 512 << 20)
 
@@ -1017,7 +1017,7 @@ keqv_tile_images(g4_cuda *c, attn_args *a)
 	static const char *env;
 	static int	env_read;
 	attn_keqv_tiles_fn fn = keqv_tiles_kernel(a->hd, a->dtype);
-	int			grid = 16;
+	int			grid = c->keqv_tile_grid;
 	size_t		bytes;
 	uint8_t    *img;
 
@@ -1029,8 +1029,6 @@ keqv_tile_images(g4_cuda *c, attn_args *a)
 	}
 	if (!fn || c->n_keqv_tiles <= 0 || (env && strcmp(env, "off") == 0))
 		return G4_OK;
-	while (grid < c->n_keqv_tiles)
-		grid <<= 1;
 	bytes = (size_t) grid * (size_t) a->n_kv * 64 * (size_t) a->hd;
 	if (bytes > KEQV_TILES_MAX_BYTES)
 		return G4_OK;

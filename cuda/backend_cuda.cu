@@ -647,6 +647,7 @@ keqv_tile_runs(g4_cuda *c, const g4_step_meta *m, int32_t *base, int32_t *runs)
 		for (; t < e; t++)
 			base[t] = first;
 	}
+	c->keqv_tile_grid = next_pow2(c->n_keqv_tiles);
 }
 
 static int
@@ -723,7 +724,7 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 		key = mix(key, (uint64_t) c->span_bucket[g]);
 	for (l = 0; l < G4C_TPC_LEVELS; l++)
 		key = mix(key, (uint64_t) c->n_tiles[l]);
-	key = mix(mix(key, (uint64_t) c->n_tile_runs), (uint64_t) next_pow2(c->n_keqv_tiles));
+	key = mix(mix(key, (uint64_t) c->n_tile_runs), (uint64_t) c->keqv_tile_grid);
 	c->step_key = key;
 	return G4_OK;
 }

@@ -119,6 +119,8 @@ typedef struct
 	int32_t    *d_tile_base, *d_tile_runs;
 	int			n_tile_runs;
 	int			n_keqv_tiles;	/* 16-key tiles of all runs */
+	int			keqv_tile_grid; /* the power of two above it: the images'
+								 * grid and buffer, in the step graph's key */
 	void	   *keqv_tiles;		/* grows outside graph capture only */
 	size_t		keqv_tiles_bytes;
 
