@@ -906,65 +906,82 @@ gemm_ksplit(const g4_weight *w, int n, int tiles_mn, int slots, double b_bytes)
 }
 
 /*
- * A gemm kernel over the grid (token-row tiles of bm, weight-row tiles of
- * bn_units units, K ranges): activations converted once to bf16, K split
- * by gemm_ksplit where the tiles alone leave SM slots idle (occ blocks per
- * SM), and the partial sums added in range order.  Shared by the mma.sync
- * gemm below and the warpgroup-MMA int4 kernel (matmul_w4_wgmma.cu).
+ * A launch of a gemm kernel over the grid (token-row tiles of bm, weight-row
+ * tiles of bn_units units, K ranges): activations converted once to bf16, K
+ * split by gemm_ksplit where the tiles alone leave SM slots idle (occ blocks
+ * per SM), and the partial sums added in range order by gemm_split_finish.
+ * Shared by the mma.sync gemm below and the warpgroup-MMA int4 kernel
+ * (matmul_w4_wgmma.cu), which launch their kernels between the two.
  */
-static inline int
-gemm_split_run(g4_cuda *c, const char *what, void (*kernel) (gemm_args), const g4_weight *w, const float *x, int n,
-			   float *y, int bm, int bn_units, double b_bytes, size_t smem, int occ)
+struct gemm_plan
 {
 	gemm_args	a;
+	dim3		grid;
+	int			ksplit;
+	float	   *y;				/* the caller's output */
+};
+
+static inline int
+gemm_split_prepare(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y, int bm, int bn_units,
+				   double b_bytes, int occ, gemm_plan *p)
+{
 	int			Kp = (int) w->ktiles * 64;
 	int			mt = (n + bm - 1) / bm;
 	int			nt = (int) ((w->units + bn_units - 1) / bn_units);
-	int			ksplit;
 	size_t		xb_bytes = ((size_t) n * (size_t) Kp * 2 + 255) & ~(size_t) 255;
 	size_t		part_bytes;
 	unsigned char *scratch;
 
-	if (occ <= 0)
-		return c->err_code;
-	ksplit = gemm_ksplit(w, n, mt * nt, occ * c->sm_count, b_bytes);
-	part_bytes = ksplit > 1 ? (size_t) ksplit * (size_t) n * (size_t) w->out * sizeof(float) : 0;
+	p->ksplit = 1;
+	p->y = y;
+	if (occ <= 0)				/* the occupancy query recorded its error */
+		return c->err_code != G4_OK ? c->err_code : G4_ERR_BACKEND;
+	p->ksplit = gemm_ksplit(w, n, mt * nt, occ * c->sm_count, b_bytes);
+	part_bytes = p->ksplit > 1 ? (size_t) p->ksplit * (size_t) n * (size_t) w->out * sizeof(float) : 0;
 	scratch = (unsigned char *) g4c_scratch(c, xb_bytes + part_bytes);
 	if (!scratch)
 		return c->err_code;
-	a.xb = (const uint16_t *) scratch;
+	p->a.xb = (const uint16_t *) scratch;
 	if (g4c_to_bf16(c, x, n, (int) w->in, Kp, (uint16_t *) scratch) != G4_OK)
 		return c->err_code;
-	a.tiles = (const uint4 *) w->data;
-	a.scales = w->scales;
-	a.n = n;
-	a.N = (int) w->out;
-	a.KT = (int) w->ktiles;
-	a.U = (int) w->units;
-	a.kr = (a.KT + ksplit - 1) / ksplit;
-	a.y = ksplit > 1 ? (float *) (scratch + xb_bytes) : y;
-	if (g4c_launch(c, what, kernel, dim3((unsigned) mt, (unsigned) nt, (unsigned) ksplit), dim3(GEMM_THREADS), smem,
-				   a) != G4_OK)
-		return c->err_code;
-	if (ksplit > 1)
-	{
-		size_t		count = (size_t) n * (size_t) w->out;
-		size_t		blocks = (count + 255) / 256;
-
-		if (blocks > (size_t) c->sm_count * 8)
-			blocks = (size_t) c->sm_count * 8;
-		return g4c_launch(c, "matmul (gemm partial sums)", gemm_reduce_kernel, dim3((unsigned) blocks), dim3(256), 0,
-						  (const float *) a.y, ksplit, count, y);
-	}
+	p->a.tiles = (const uint4 *) w->data;
+	p->a.scales = w->scales;
+	p->a.n = n;
+	p->a.N = (int) w->out;
+	p->a.KT = (int) w->ktiles;
+	p->a.U = (int) w->units;
+	p->a.kr = (p->a.KT + p->ksplit - 1) / p->ksplit;
+	p->a.y = p->ksplit > 1 ? (float *) (scratch + xb_bytes) : y;
+	p->grid = dim3((unsigned) mt, (unsigned) nt, (unsigned) p->ksplit);
 	return G4_OK;
+}
+
+static inline int
+gemm_split_finish(g4_cuda *c, const gemm_plan *p)
+{
+	size_t		count = (size_t) p->a.n * (size_t) p->a.N;
+	size_t		blocks = (count + 255) / 256;
+
+	if (p->ksplit == 1)
+		return G4_OK;
+	if (blocks > (size_t) c->sm_count * 8)
+		blocks = (size_t) c->sm_count * 8;
+	return g4c_launch(c, "matmul (gemm partial sums)", gemm_reduce_kernel, dim3((unsigned) blocks), dim3(256), 0,
+					  (const float *) p->a.y, p->ksplit, count, p->y);
 }
 
 template <int FMT, int MI>
 int
 gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
-	return gemm_split_run(c, "matmul (gemm)", gemm_kernel<FMT, MI>, w, x, n, y, GEMM_BM(MI), GEMM_BN / 16,
-						  gemm_cfg<FMT>::B_BYTES, (size_t) gemm_smem_bytes<FMT, MI>(), gemm_occupancy<FMT, MI>(c));
+	gemm_plan	p;
+
+	if (gemm_split_prepare(c, w, x, n, y, GEMM_BM(MI), GEMM_BN / 16, gemm_cfg<FMT>::B_BYTES,
+						   gemm_occupancy<FMT, MI>(c), &p) != G4_OK ||
+		g4c_launch(c, "matmul (gemm)", gemm_kernel<FMT, MI>, p.grid, dim3(GEMM_THREADS),
+				   (size_t) gemm_smem_bytes<FMT, MI>(), p.a) != G4_OK)
+		return c->err_code;
+	return gemm_split_finish(c, &p);
 }
 
 #endif

@@ -17,19 +17,26 @@
  * tensor pipe, latency-bound (ncu, run 37).
  *
  * A block is two warpgroups (256 threads) over R × 128 weight rows; k-tiles
- * of 64 flow through a STAGES-deep cp.async ring (weights, scales and the
- * activation tile of each k-tile), the weights of the first stages issued
- * before the wait for the previous kernel.  Per k-tile: one barrier, the
- * refill of the stage two k-tiles back, the warp's weight words from shared
- * memory, then per k16 step: a wait for that step of the previous k-tile
- * (its A registers are reused), the dequantisation ((code - 8) · scale, one
- * rounding, as the mma.sync gemm) and R wgmmas committed as a group, so
- * that a step is dequantised while the previous k-tile's later steps still
- * run (one group per k-tile: 117.6 -> 116.9 us for a sliding layer's
- * matmuls at 64 rows, 158.4 -> 152.5 at 128; run 56).  K is split over blocks and
- * the partial sums added in range order as for the gemm (gemm_split_run):
- * results are deterministic.
+ * of 64 flow through a STAGES-deep ring of shared-memory stages, each filled
+ * by three tensor copies (cp.async.bulk.tensor: the activation tile, swizzled
+ * by the copy itself, the 8R units' words and their scales) that one thread
+ * issues and that complete on the stage's mbarrier.  The per-thread cp.async
+ * copies they replace were 75 of the k-loop's 266 instructions per warp and
+ * k-tile (SASS, run 66), in a kernel bound by instruction issue.  The weights
+ * of the first stages are in flight before the wait for the previous kernel.
+ * Per k-tile: one barrier (every warp is past k-tile kt - 2, whose stage is
+ * then refilled), the wait for the stage's copies, the warp's weight words
+ * from shared memory, then per k16 step: a wait for that step of the
+ * previous k-tile (its A registers are reused), the dequantisation ((code -
+ * 8) · scale, one rounding, as the mma.sync gemm) and R wgmmas committed as
+ * a group, so that a step is dequantised while the previous k-tile's later
+ * steps still run (one group per k-tile: 117.6 -> 116.9 us for a sliding
+ * layer's matmuls at 64 rows, 158.4 -> 152.5 at 128; run 56).  K is split
+ * over blocks and the partial sums added in range order as for the gemm
+ * (gemm_split_finish): results are deterministic.
  */
+#include <cudaTypedefs.h>
+
 #include "matmul.cuh"
 
 #define WG_STAGES 5
@@ -133,79 +140,77 @@ wg_mma<128>(float *d, const uint32_t a[4], uint64_t desc, int accumulate)
 				 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
 }
 
-/*
- * This thread's share of a stage's copies, the parts that do not depend on
- * the k-tile, worked out once: the activation rows' element offsets (-1
- * where the row is beyond n: zero-filled), the weight words' and scales'
- * offsets (-1 past the last unit).  A stage's copies then cost an add each,
- * where recomputing the indices cost a third of the kernel's instructions.
- */
-template <int NTOK, int R>
-struct wg_copies
+/* mbarrier and tensor-copy primitives (one stage's "full" barrier: one
+ * arrival with the stage's byte count, completed by its copies) */
+__device__ __forceinline__ void
+wg_mbar_init(uint32_t bar)
 {
-	static constexpr int UNITS = 8 * R;
-	static constexpr int TOK = NTOK * 8 / GEMM_THREADS;	/* 16-byte chunks per thread */
-	static constexpr int WT = UNITS * 32 / GEMM_THREADS;
-	int			tok[TOK];
-	int			wt[WT];
-	int			sc;
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
 
-	__device__ __forceinline__ void init(const gemm_args &a, int m0, int u0)
-	{
-		int			Kp = a.KT * 64;
+__device__ __forceinline__ void
+wg_mbar_expect(uint32_t bar, uint32_t bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
 
-#pragma unroll
-		for (int j = 0; j < TOK; j++)
-		{
-			int			i = (int) threadIdx.x + j * GEMM_THREADS;
-			int			row = m0 + (i >> 3);
+__device__ __forceinline__ void
+wg_mbar_wait(uint32_t bar, uint32_t parity)
+{
+	asm volatile("{\n.reg .pred p;\nWAIT:\n"
+				 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+				 "@!p bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
 
-			tok[j] = row < a.n ? row * Kp + (i & 7) * 8 : -1;
-		}
-#pragma unroll
-		for (int j = 0; j < WT; j++)
-		{
-			int			i = (int) threadIdx.x + j * GEMM_THREADS;
-			int			u = u0 + (i >> 5);
+__device__ __forceinline__ void
+wg_tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+				 " [%0], [%1, {%2, %3}], [%4];\n"
+				 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
 
-			wt[j] = u < a.U ? u * a.KT * 32 + (i & 31) : -1;
-		}
-		{
-			int			t = (int) threadIdx.x;
-			int			u = u0 + (t >> 2);
+__device__ __forceinline__ void
+wg_tma_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar)
+{
+	asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+				 " [%0], [%1, {%2, %3, %4}], [%5];\n"
+				 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
 
-			sc = t < UNITS * 4 && u < a.U ? u * a.KT * 32 + (t & 3) * 8 : -1;
-		}
-	}
+#endif							/* __CUDA_ARCH_FEAT_SM90_ALL */
 
-	/* k-tile kt into a stage: the activation tile (swizzled) when tokens,
-	 * the units' words and scales when weights */
-	__device__ __forceinline__ void load(const gemm_args &a, unsigned char *stage, int kt, bool tokens,
-										 bool weights) const
-	{
-		unsigned char *ws = stage + NTOK * 128;
-
-		if (tokens)
-#pragma unroll
-			for (int j = 0; j < TOK; j++)
-			{
-				int			i = (int) threadIdx.x + j * GEMM_THREADS;
-				int			r = i >> 3;
-
-				g4c_cp_async16(stage + r * 128 + (((i & 7) ^ (r & 7)) * 16),
-							   a.xb + (tok[j] < 0 ? 0 : tok[j] + kt * 64), tok[j] >= 0);
-			}
-		if (weights)
-		{
-#pragma unroll
-			for (int j = 0; j < WT; j++)
-				g4c_cp_async16(ws + (threadIdx.x + j * GEMM_THREADS) * 16,
-							   a.tiles + (wt[j] < 0 ? 0 : wt[j] + kt * 32), wt[j] >= 0);
-			if (threadIdx.x < UNITS * 4)
-				g4c_cp_async16(ws + UNITS * 512 + threadIdx.x * 16, a.scales + (sc < 0 ? 0 : sc + kt * 32), sc >= 0);
-		}
-	}
+/*
+ * The tensor maps of a launch (host-encoded, passed by value): the bf16
+ * activations [n][Kp] in boxes of NTOK rows × 64 k with the 128-byte swizzle
+ * wgmma's descriptor reads; a unit's packed words [U][KT][512 bytes] and its
+ * scales [U][KT][32 bf16] in boxes of 8R units of one k-tile, landing in
+ * the stage as the units' 512-byte tiles then their 64-byte scale rows.
+ * Rows and units past the end arrive as zeros, as the predicated copies'
+ * did.
+ */
+struct wg_maps
+{
+	CUtensorMap x,
+				w,
+				s;
 };
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+/* k-tile kt of the block into a stage: the weights, or the activations */
+template <int NTOK, int R>
+__device__ __forceinline__ void
+wg_load(const wg_maps &m, uint32_t stage, uint32_t bar, int m0, int u0, int kt, bool tokens)
+{
+	if (tokens)
+		wg_tma_2d(stage, &m.x, kt * 64, m0, bar);
+	else
+	{
+		wg_tma_3d(stage + NTOK * 128, &m.w, 0, kt, u0, bar);
+		wg_tma_3d(stage + NTOK * 128 + 8 * R * 512, &m.s, 0, kt, u0, bar);
+	}
+}
 
 /* The A fragment of k16 step s (0..3) of a unit's k-tile: (code - 8) · scale
  * in bf16, rows g and g + 8 (layout in cuda_common.cuh). */
@@ -230,15 +235,19 @@ wg_dequant_step(const uint4 &w, uint32_t s_lo, uint32_t s_hi, int s, uint32_t af
 #endif							/* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* Grid as gemm_kernel's: x token tiles of NTOK, y weight tiles of 8R units,
- * z K ranges of a.kr k-tiles. */
+ * z K ranges of a.kr k-tiles.  Shared memory: WG_STAGES stages, then their
+ * mbarriers. */
 template <int NTOK, int R>
 __global__ void __launch_bounds__(GEMM_THREADS, 2)
-w4_wgmma_kernel(gemm_args a)
+w4_wgmma_kernel(gemm_args a, const __grid_constant__ wg_maps m)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 	constexpr int UNITS = 8 * R;
 	constexpr int STAGE = wg_stage_bytes<NTOK, R>();
+	constexpr uint32_t TX = NTOK * 128 + UNITS * (512 + 64);	/* bytes a stage's copies bring */
 	extern __shared__ __align__(1024) unsigned char wg_smem[];
+	uint32_t	smem0 = (uint32_t) __cvta_generic_to_shared(wg_smem);
+	uint32_t	bar0 = smem0 + WG_STAGES * STAGE;
 	int			lane = threadIdx.x & 31;
 	int			warp = threadIdx.x >> 5;
 	int			wgi = warp >> 2,
@@ -249,41 +258,52 @@ w4_wgmma_kernel(gemm_args a)
 	int			nkt = min(a.kr, a.KT - kt0);
 	float		acc[R][NTOK / 2];
 	uint32_t	af[R][4][4];
-	wg_copies<NTOK, R> cp;
 
 	g4c_pdl_trigger();
-	cp.init(a, m0, u0);
 	/* the weights of the first stages are in flight before the activations
-	 * of the previous kernel may be read: all in one cp.async group, then
-	 * WG_STAGES - 3 empty ones, so that the count below holds from k-tile 0 */
+	 * of the previous kernel may be read */
+	if (threadIdx.x == 0)
+	{
 #pragma unroll
-	for (int st = 0; st < WG_STAGES - 2; st++)
-		if (st < nkt)
-			cp.load(a, wg_smem + st * STAGE, kt0 + st, false, true);
+		for (int st = 0; st < WG_STAGES; st++)
+			wg_mbar_init(bar0 + 8 * st);
+		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#pragma unroll
+		for (int st = 0; st < WG_STAGES - 2; st++)
+			if (st < nkt)
+			{
+				wg_mbar_expect(bar0 + 8 * st, TX);
+				wg_load<NTOK, R>(m, smem0 + st * STAGE, bar0 + 8 * st, m0, u0, kt0 + st, false);
+			}
+	}
 	g4c_pdl_wait();
+	if (threadIdx.x == 0)
 #pragma unroll
-	for (int st = 0; st < WG_STAGES - 2; st++)
-		if (st < nkt)
-			cp.load(a, wg_smem + st * STAGE, kt0 + st, true, false);
-	g4c_cp_async_commit();
-#pragma unroll
-	for (int st = 0; st < WG_STAGES - 3; st++)
-		g4c_cp_async_commit();
+		for (int st = 0; st < WG_STAGES - 2; st++)
+			if (st < nkt)
+				wg_load<NTOK, R>(m, smem0 + st * STAGE, bar0 + 8 * st, m0, u0, kt0 + st, true);
 
 	for (int kt = 0; kt < nkt; kt++)
 	{
-		const unsigned char *stage = wg_smem + (kt % WG_STAGES) * STAGE;
+		int			slot = kt % WG_STAGES;
+		const unsigned char *stage = wg_smem + slot * STAGE;
 		uint4		w[R];
 		uint32_t	s_lo[R],
 					s_hi[R];
 
-		/* k-tile kt has landed, and every warp is past the wait for the
-		 * wgmmas of k-tile kt - 2: their stage may be refilled */
-		g4c_cp_async_wait<WG_STAGES - 3>();
+		/* every warp is past the wait for the wgmmas of k-tile kt - 2 (and
+		 * the barriers' initialisation): their stage may be refilled */
 		__syncthreads();
-		if (kt + WG_STAGES - 2 < nkt)
-			cp.load(a, wg_smem + ((kt + WG_STAGES - 2) % WG_STAGES) * STAGE, kt0 + kt + WG_STAGES - 2, true, true);
-		g4c_cp_async_commit();
+		if (threadIdx.x == 0 && kt + WG_STAGES - 2 < nkt)
+		{
+			int			st = (kt + WG_STAGES - 2) % WG_STAGES;
+
+			wg_mbar_expect(bar0 + 8 * st, TX);
+			wg_load<NTOK, R>(m, smem0 + st * STAGE, bar0 + 8 * st, m0, u0, kt0 + kt + WG_STAGES - 2, false);
+			wg_load<NTOK, R>(m, smem0 + st * STAGE, bar0 + 8 * st, m0, u0, kt0 + kt + WG_STAGES - 2, true);
+		}
+		/* the stage's n-th fill completes phase n of its barrier */
+		wg_mbar_wait(bar0 + 8 * slot, (uint32_t) (kt / WG_STAGES) & 1u);
 #pragma unroll
 		for (int r = 0; r < R; r++)
 		{
@@ -295,7 +315,7 @@ w4_wgmma_kernel(gemm_args a)
 			s_hi[r] = sc[(lane >> 2) + 8];
 		}
 		{
-			uint64_t	desc = wg_desc((uint32_t) __cvta_generic_to_shared(stage));
+			uint64_t	desc = wg_desc(smem0 + slot * STAGE);
 
 			/* one wgmma group per k16 step: step s of this k-tile is
 			 * dequantised as soon as step s of the previous one has read
@@ -316,7 +336,6 @@ w4_wgmma_kernel(gemm_args a)
 		}
 	}
 	wg_wait<0>();
-	g4c_cp_async_wait<0>();
 
 	/* D fragment: warp wq's rows 16 wq + g (+8), tokens 8j + 2t (+1) */
 	{
@@ -352,15 +371,28 @@ w4_wgmma_probe_kernel(int *out)
 #endif
 }
 
+/* cuTensorMapEncodeTiled, from the driver through the runtime (the
+ * backend links the runtime only); resolved by g4c_wgmma_probe */
+static PFN_cuTensorMapEncodeTiled_v12000 wg_encode;
+
 int
 g4c_wgmma_probe(g4_cuda *c, int cc_major, int cc_minor)
 {
 	int		   *d = NULL;
 	int			h = 0;
 	cudaError_t e;
+	cudaDriverEntryPointQueryResult q;
 
 	if (cc_major != 9 || cc_minor != 0)
 		return 0;
+	if (!wg_encode &&
+		(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **) &wg_encode, 12000, cudaEnableDefault,
+										  &q) != cudaSuccess || q != cudaDriverEntryPointSuccess))
+	{
+		cudaGetLastError();
+		wg_encode = NULL;
+		return 0;				/* the mma.sync gemm serves */
+	}
 	e = cudaMalloc((void **) &d, sizeof(int));
 	if (e == cudaSuccess)
 	{
@@ -381,6 +413,14 @@ g4c_wgmma_probe(g4_cuda *c, int cc_major, int cc_minor)
 	return h;
 }
 
+/* Shared memory of a block: the stages, then one mbarrier per stage. */
+template <int NTOK, int R>
+static constexpr size_t
+wgmma_smem_bytes(void)
+{
+	return (size_t) (WG_STAGES * wg_stage_bytes<NTOK, R>() + 8 * WG_STAGES);
+}
+
 template <int NTOK, int R>
 static int
 wgmma_occupancy(g4_cuda *c)
@@ -389,26 +429,69 @@ wgmma_occupancy(g4_cuda *c)
 
 	if (blocks <= 0)
 		blocks = g4c_blocks_per_sm(c, (const void *) w4_wgmma_kernel<NTOK, R>, GEMM_THREADS,
-								   WG_STAGES * wg_stage_bytes<NTOK, R>());
+								   wgmma_smem_bytes<NTOK, R>());
 	return blocks;
+}
+
+/* One tensor map over global memory at base: dims[0] innermost (elements),
+ * strides in bytes of dims 1.., boxes of box[] elements. */
+static bool
+wg_map(CUtensorMap *map, CUtensorMapDataType type, int rank, const void *base, const cuuint64_t *dims,
+	   const cuuint64_t *strides, const cuuint32_t *box, CUtensorMapSwizzle swizzle)
+{
+	const cuuint32_t ones[3] = {1, 1, 1};
+
+	return wg_encode(map, type, (cuuint32_t) rank, const_cast<void *>(base), dims, strides, box, ones,
+					 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+					 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* The maps of a launch (wg_maps); false where the driver refuses a shape */
+template <int NTOK, int R>
+static bool
+wgmma_maps(const gemm_args &a, wg_maps *m)
+{
+	cuuint64_t	KT = (cuuint64_t) a.KT,
+				U = (cuuint64_t) a.U;
+	const cuuint64_t x_dims[2] = {KT * 64, (cuuint64_t) a.n};
+	const cuuint64_t x_strides[1] = {KT * 64 * 2};
+	const cuuint32_t x_box[2] = {64, NTOK};
+	const cuuint64_t w_dims[3] = {128, KT, U};
+	const cuuint64_t w_strides[2] = {512, KT * 512};
+	const cuuint32_t w_box[3] = {128, 1, 8 * R};
+	const cuuint64_t s_dims[3] = {32, KT, U};
+	const cuuint64_t s_strides[2] = {64, KT * 64};
+	const cuuint32_t s_box[3] = {32, 1, 8 * R};
+
+	return wg_map(&m->x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.xb, x_dims, x_strides, x_box,
+				  CU_TENSOR_MAP_SWIZZLE_128B) &&
+		wg_map(&m->w, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, a.tiles, w_dims, w_strides, w_box,
+			   CU_TENSOR_MAP_SWIZZLE_NONE) &&
+		wg_map(&m->s, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, a.scales, s_dims, s_strides, s_box,
+			   CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 template <int NTOK, int R>
 static int
 wgmma_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
-	return gemm_split_run(c, "matmul (int4 wgmma)", w4_wgmma_kernel<NTOK, R>, w, x, n, y, NTOK, 8 * R,
-						  8.0 * R * (512 + 64), (size_t) (WG_STAGES * wg_stage_bytes<NTOK, R>()),
-						  wgmma_occupancy<NTOK, R>(c));
+	gemm_plan	p;
+	wg_maps		m;
+
+	if (gemm_split_prepare(c, w, x, n, y, NTOK, 8 * R, 8.0 * R * (512 + 64), wgmma_occupancy<NTOK, R>(c), &p) !=
+		G4_OK)
+		return c->err_code;
+	if (!wgmma_maps<NTOK, R>(p.a, &m))	/* a shape past the maps' limits: the mma.sync gemm */
+		return n <= 64 ? gemm_launch<G4C_W_I4, 4>(c, w, x, n, y) : gemm_launch<G4C_W_I4, 8>(c, w, x, n, y);
+	if (g4c_launch(c, "matmul (int4 wgmma)", w4_wgmma_kernel<NTOK, R>, p.grid, dim3(GEMM_THREADS),
+				   wgmma_smem_bytes<NTOK, R>(), p.a, m) != G4_OK)
+		return c->err_code;
+	return gemm_split_finish(c, &p);
 }
 
 int
 g4c_matmul_i4_wgmma(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
-	/* wg_copies keeps its offsets in 32 bits */
-	if ((double) w->units * (double) w->ktiles * 32.0 > 2147483647.0 ||
-		(double) n * (double) w->ktiles * 64.0 > 2147483647.0)
-		return n <= 64 ? gemm_launch<G4C_W_I4, 4>(c, w, x, n, y) : gemm_launch<G4C_W_I4, 8>(c, w, x, n, y);
 	if (n <= 32)
 		return wgmma_launch<32, 2>(c, w, x, n, y);
 	if (n <= 64)
