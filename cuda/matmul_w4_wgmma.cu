@@ -17,13 +17,15 @@
  * tensor pipe, latency-bound (ncu, run 37).
  *
  * A block is two warpgroups (256 threads) over R × 128 weight rows; k-tiles
- * of 64 flow through a STAGES-deep ring of shared-memory stages, each filled
+ * of 64 flow through a WG_STAGES-deep ring of shared-memory stages, each filled
  * by three tensor copies (cp.async.bulk.tensor: the activation tile, swizzled
  * by the copy itself, the 8R units' words and their scales) that one thread
  * issues and that complete on the stage's mbarrier.  The per-thread cp.async
  * copies they replace were 75 of the k-loop's 266 instructions per warp and
- * k-tile (SASS, run 66), in a kernel bound by instruction issue.  The weights
- * of the first stages are in flight before the wait for the previous kernel.
+ * k-tile (SASS, run 66); without them a sliding layer's matmuls take 108.8
+ * rather than 116.0 us at 64 rows, 130.3 / 152.0 at 128, 223.6 / 268.7 at
+ * 256, and the same at 16 and 32 (run 72).  The weights of the first stages
+ * are in flight before the wait for the previous kernel.
  * Per k-tile: one barrier (every warp is past k-tile kt - 2, whose stage is
  * then refilled), the wait for the stage's copies, the warp's weight words
  * from shared memory, then per k16 step: a wait for that step of the
@@ -39,7 +41,13 @@
 
 #include "matmul.cuh"
 
-#define WG_STAGES 5
+/* Stages per block.  Four (two k-tiles in flight, 53 / 70 / 86 KB of shared
+ * memory at 32 / 64 / 128 tokens) rather than five: alone the kernel runs
+ * the same with 3 to 5, but in a step the smaller blocks are resident
+ * beside the previous kernel's sooner (decode B=128 7,440 -> 7,937 tok/s,
+ * B=64 5,940 -> 6,013; run 76), and 6 or 8 stages at 64 / 32 tokens were
+ * slower (run 75). */
+#define WG_STAGES 4
 
 /* Bytes of one stage: the activation tile, then 8R units' words and scales,
  * rounded to the 1024 bytes the swizzled tile's alignment needs. */
