@@ -975,10 +975,12 @@ int
 gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
 	gemm_plan	p;
+	int			rc = gemm_split_prepare(c, w, x, n, y, GEMM_BM(MI), GEMM_BN / 16, gemm_cfg<FMT>::B_BYTES,
+										gemm_occupancy<FMT, MI>(c), &p);
 
-	if (gemm_split_prepare(c, w, x, n, y, GEMM_BM(MI), GEMM_BN / 16, gemm_cfg<FMT>::B_BYTES,
-						   gemm_occupancy<FMT, MI>(c), &p) != G4_OK ||
-		g4c_launch(c, "matmul (gemm)", gemm_kernel<FMT, MI>, p.grid, dim3(GEMM_THREADS),
+	if (rc != G4_OK)
+		return rc;
+	if (g4c_launch(c, "matmul (gemm)", gemm_kernel<FMT, MI>, p.grid, dim3(GEMM_THREADS),
 				   (size_t) gemm_smem_bytes<FMT, MI>(), p.a) != G4_OK)
 		return c->err_code;
 	return gemm_split_finish(c, &p);

@@ -156,6 +156,13 @@ wg_mbar_init(uint32_t bar)
 	asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
 }
 
+/* the initialisations visible to the copies' completions */
+__device__ __forceinline__ void
+wg_mbar_init_fence(void)
+{
+	asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void
 wg_mbar_expect(uint32_t bar, uint32_t bytes)
 {
@@ -194,8 +201,8 @@ wg_tma_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t
  * wgmma's descriptor reads; a unit's packed words [U][KT][512 bytes] and its
  * scales [U][KT][32 bf16] in boxes of 8R units of one k-tile, landing in
  * the stage as the units' 512-byte tiles then their 64-byte scale rows.
- * Rows and units past the end arrive as zeros, as the predicated copies'
- * did.
+ * Rows and units past the end arrive as zeros (and are counted in the
+ * stage's bytes): their products are never stored.
  */
 struct wg_maps
 {
@@ -206,18 +213,20 @@ struct wg_maps
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/* k-tile kt of the block into a stage: the weights, or the activations */
+/* k-tile kt of the block's weights (words, then scales) into a stage */
 template <int NTOK, int R>
 __device__ __forceinline__ void
-wg_load(const wg_maps &m, uint32_t stage, uint32_t bar, int m0, int u0, int kt, bool tokens)
+wg_load_weights(const wg_maps &m, uint32_t stage, uint32_t bar, int u0, int kt)
 {
-	if (tokens)
-		wg_tma_2d(stage, &m.x, kt * 64, m0, bar);
-	else
-	{
-		wg_tma_3d(stage + NTOK * 128, &m.w, 0, kt, u0, bar);
-		wg_tma_3d(stage + NTOK * 128 + 8 * R * 512, &m.s, 0, kt, u0, bar);
-	}
+	wg_tma_3d(stage + NTOK * 128, &m.w, 0, kt, u0, bar);
+	wg_tma_3d(stage + NTOK * 128 + 8 * R * 512, &m.s, 0, kt, u0, bar);
+}
+
+/* k-tile kt of the block's activation tile into a stage */
+__device__ __forceinline__ void
+wg_load_tokens(const wg_maps &m, uint32_t stage, uint32_t bar, int m0, int kt)
+{
+	wg_tma_2d(stage, &m.x, kt * 64, m0, bar);
 }
 
 /* The A fragment of k16 step s (0..3) of a unit's k-tile: (code - 8) · scale
@@ -253,6 +262,8 @@ w4_wgmma_kernel(gemm_args a, const __grid_constant__ wg_maps m)
 	constexpr int UNITS = 8 * R;
 	constexpr int STAGE = wg_stage_bytes<NTOK, R>();
 	constexpr uint32_t TX = NTOK * 128 + UNITS * (512 + 64);	/* bytes a stage's copies bring */
+	/* the swizzled tiles need 1024-byte alignment, which dynamic shared
+	 * memory has only while the kernel declares no static shared memory */
 	extern __shared__ __align__(1024) unsigned char wg_smem[];
 	uint32_t	smem0 = (uint32_t) __cvta_generic_to_shared(wg_smem);
 	uint32_t	bar0 = smem0 + WG_STAGES * STAGE;
@@ -275,13 +286,13 @@ w4_wgmma_kernel(gemm_args a, const __grid_constant__ wg_maps m)
 #pragma unroll
 		for (int st = 0; st < WG_STAGES; st++)
 			wg_mbar_init(bar0 + 8 * st);
-		asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+		wg_mbar_init_fence();
 #pragma unroll
 		for (int st = 0; st < WG_STAGES - 2; st++)
 			if (st < nkt)
 			{
 				wg_mbar_expect(bar0 + 8 * st, TX);
-				wg_load<NTOK, R>(m, smem0 + st * STAGE, bar0 + 8 * st, m0, u0, kt0 + st, false);
+				wg_load_weights<NTOK, R>(m, smem0 + st * STAGE, bar0 + 8 * st, u0, kt0 + st);
 			}
 	}
 	g4c_pdl_wait();
@@ -289,7 +300,7 @@ w4_wgmma_kernel(gemm_args a, const __grid_constant__ wg_maps m)
 #pragma unroll
 		for (int st = 0; st < WG_STAGES - 2; st++)
 			if (st < nkt)
-				wg_load<NTOK, R>(m, smem0 + st * STAGE, bar0 + 8 * st, m0, u0, kt0 + st, true);
+				wg_load_tokens(m, smem0 + st * STAGE, bar0 + 8 * st, m0, kt0 + st);
 
 	for (int kt = 0; kt < nkt; kt++)
 	{
@@ -307,8 +318,8 @@ w4_wgmma_kernel(gemm_args a, const __grid_constant__ wg_maps m)
 			int			st = (kt + WG_STAGES - 2) % WG_STAGES;
 
 			wg_mbar_expect(bar0 + 8 * st, TX);
-			wg_load<NTOK, R>(m, smem0 + st * STAGE, bar0 + 8 * st, m0, u0, kt0 + kt + WG_STAGES - 2, false);
-			wg_load<NTOK, R>(m, smem0 + st * STAGE, bar0 + 8 * st, m0, u0, kt0 + kt + WG_STAGES - 2, true);
+			wg_load_weights<NTOK, R>(m, smem0 + st * STAGE, bar0 + 8 * st, u0, kt0 + kt + WG_STAGES - 2);
+			wg_load_tokens(m, smem0 + st * STAGE, bar0 + 8 * st, m0, kt0 + kt + WG_STAGES - 2);
 		}
 		/* the stage's n-th fill completes phase n of its barrier */
 		wg_mbar_wait(bar0 + 8 * slot, (uint32_t) (kt / WG_STAGES) & 1u);
@@ -485,12 +496,13 @@ wgmma_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
 	gemm_plan	p;
 	wg_maps		m;
+	int			rc = gemm_split_prepare(c, w, x, n, y, NTOK, 8 * R, 8.0 * R * (512 + 64), wgmma_occupancy<NTOK, R>(c),
+										&p);
 
-	if (gemm_split_prepare(c, w, x, n, y, NTOK, 8 * R, 8.0 * R * (512 + 64), wgmma_occupancy<NTOK, R>(c), &p) !=
-		G4_OK)
-		return c->err_code;
-	if (!wgmma_maps<NTOK, R>(p.a, &m))	/* a shape past the maps' limits: the mma.sync gemm */
-		return n <= 64 ? gemm_launch<G4C_W_I4, 4>(c, w, x, n, y) : gemm_launch<G4C_W_I4, 8>(c, w, x, n, y);
+	if (rc != G4_OK)
+		return rc;
+	if (!wgmma_maps<NTOK, R>(p.a, &m))	/* past the maps' 2^32 dims: no model comes near */
+		return g4c_fail(c, cudaErrorInvalidValue, "matmul (int4 wgmma): tensor maps", __FILE__, __LINE__);
 	if (g4c_launch(c, "matmul (int4 wgmma)", w4_wgmma_kernel<NTOK, R>, p.grid, dim3(GEMM_THREADS),
 				   wgmma_smem_bytes<NTOK, R>(), p.a, m) != G4_OK)
 		return c->err_code;
