@@ -344,7 +344,7 @@ attn_tc_kernel(attn_args a)
 		hi0 = min(hi0, ke);
 		hi1 = min(hi1, ke);
 		if (img0 >= 0)
-			img.load(a.keqv_tiles + ((size_t) (img0 + b0) * a.n_kv + g) * 64 * HD);
+			img.load(a.keqv_tiles + keqv_tile_offset(img0 + b0, a.n_kv, g, HD));
 		else
 			tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b0, raw);
 		for (int b = b0; b <= b1; b++)
@@ -367,7 +367,7 @@ attn_tc_kernel(attn_args a)
 			if (b < b1)
 			{
 				if (img0 >= 0)
-					img.load(a.keqv_tiles + ((size_t) (img0 + b + 1) * a.n_kv + g) * 64 * HD);
+					img.load(a.keqv_tiles + keqv_tile_offset(img0 + b + 1, a.n_kv, g, HD));
 				else
 					tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b + 1, raw);
 			}
@@ -559,7 +559,7 @@ attn_keqv_tiles_kernel(attn_args a, const int32_t *runs, int n_runs, uint8_t *im
 	if (r < n_runs)
 	{
 		int			b = tile - runs[4 * r + 1];
-		uint8_t    *img = images + ((size_t) tile * a.n_kv + g) * 64 * HD;
+		uint8_t    *img = images + keqv_tile_offset(tile, a.n_kv, g, HD);
 		tc_raw<HD, DT, true, 1> raw;
 
 		tc_load_raw<HD, DT, true, 1>(a, runs[4 * r], g, b, raw);
@@ -1029,7 +1029,7 @@ keqv_tile_images(g4_cuda *c, attn_args *a)
 	}
 	if (!fn || c->n_keqv_tiles <= 0 || (env && strcmp(env, "off") == 0))
 		return G4_OK;
-	bytes = (size_t) grid * (size_t) a->n_kv * 64 * (size_t) a->hd;
+	bytes = keqv_tile_offset(grid, a->n_kv, 0, a->hd);
 	if (bytes > KEQV_TILES_MAX_BYTES)
 		return G4_OK;
 	img = (uint8_t *) g4c_grow(c, &c->keqv_tiles, &c->keqv_tiles_bytes, bytes, "k_eq_v tile images");

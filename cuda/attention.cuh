@@ -670,6 +670,14 @@ tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, K
 	}
 }
 
+/* Byte offset of the tile image of (tile, KV head g) in a layer's images:
+ * [tile][KV head][64·hd bytes]; of tile `tiles`, g = 0, the buffer's size. */
+static inline __host__ __device__ size_t
+keqv_tile_offset(int tile, int n_kv, int g, int hd)
+{
+	return ((size_t) tile * (size_t) n_kv + (size_t) g) * 64 * (size_t) hd;
+}
+
 /*
  * A 16-key tile image: the bytes tc_store_block writes to Ks then Vs
  * (swizzled f16 rows, 64·HD bytes), made once per layer for a prefill run by
