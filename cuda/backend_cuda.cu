@@ -186,6 +186,8 @@ cu_destroy(g4_backend *be)
 		cudaFreeHost(c->h_meta);
 	if (c->scratch)
 		cudaFree(c->scratch);
+	if (c->act_bf16)
+		cudaFree(c->act_bf16);
 	if (c->keqv_tiles)
 		cudaFree(c->keqv_tiles);
 	if (c->counters)
@@ -220,7 +222,8 @@ cu_held_bytes(g4_backend *be)
 {
 	g4_cuda    *c = g4c_of(be);
 
-	return c->scratch_bytes + c->keqv_tiles_bytes + c->counters_n * sizeof(unsigned) + c->meta_ints * sizeof(int32_t) +
+	return c->scratch_bytes + c->keqv_tiles_bytes + c->act_bf16_bytes + c->counters_n * sizeof(unsigned) +
+		c->meta_ints * sizeof(int32_t) +
 		g4c_lt_held_bytes(c) + (size_t) c->cap_ids * sizeof(int32_t) +
 		(size_t) c->cap_rows * sizeof(g4_row_sampling) + (size_t) c->cap_suppress * sizeof(int32_t) +
 		(size_t) c->cap_sample_work;
@@ -285,6 +288,7 @@ cu_upload(g4_backend *be, void *dst, const void *src, size_t bytes)
 	if (bytes == 0)
 		return G4_OK;
 	/* pageable sources are staged before the call returns */
+	c->writes++;
 	G4C_CHECK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
 	return G4_OK;
 }
@@ -308,6 +312,7 @@ cu_fill(g4_backend *be, void *dst, int byte, size_t bytes)
 {
 	g4_cuda    *c = g4c_of(be);
 
+	c->writes++;
 	G4C_CHECK(c, cudaMemsetAsync(dst, byte, bytes, c->stream));
 	return G4_OK;
 }
@@ -811,7 +816,10 @@ cu_graph_end(g4_backend *be)
 		c->graphs[i].exec = exec;
 	}
 	if (i >= 0 && c->graphs[i].exec)
+	{
+		c->writes++;
 		G4C_CHECK(c, cudaGraphLaunch(c->graphs[i].exec, c->stream));
+	}
 	return G4_OK;
 }
 

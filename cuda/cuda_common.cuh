@@ -130,6 +130,18 @@ typedef struct
 	unsigned   *counters;		/* zeroed; merging blocks reset what they use */
 	size_t		counters_n;
 
+	/* writes to device memory issued (kernel launches, uploads, fills,
+	 * graph replays): how long the bf16 copy below stands for its source */
+	uint64_t	writes;
+	/* the bf16 copy of a matmul input its producer wrote beside it
+	 * (matmul_input.cu); grows outside graph capture only */
+	void	   *act_bf16;
+	size_t		act_bf16_bytes;
+	const float *act_bf16_of;	/* its float32 source, NULL: none */
+	int			act_bf16_n,
+				act_bf16_K;
+	uint64_t	act_bf16_write; /* the producer's launch, as c->writes */
+
 	/* cuBLASLt (matmul_lt.cu): handle and workspace */
 	void	   *lt;
 	void	   *lt_ws;
@@ -188,6 +200,11 @@ void	   *g4c_scratch(g4_cuda *c, size_t bytes);
 /* The same for any buffer the backend keeps between kernels: *buf grown to
  * at least `bytes` (the old contents lost; recorded graphs dropped). */
 void	   *g4c_grow(g4_cuda *c, void **buf, size_t *have, size_t bytes, const char *what);
+/* The buffer a kernel about to be launched may fill with the bf16 copy
+ * ([n][K], g4_f32_to_bf16) of its float32 output y, for the matmul that
+ * may follow (matmul_input.cu); NULL: none (K not a multiple of 64, too
+ * large, or no room while a graph records). */
+uint16_t   *g4c_act_bf16_offer(g4_cuda *c, const float *y, int n, int K);
 /* `n` zeroed counters. */
 unsigned   *g4c_counters(g4_cuda *c, size_t n);
 
@@ -541,6 +558,7 @@ g4c_launch(g4_cuda *c, const char *what, void (*kernel) (KArgs...), dim3 grid, d
 	attr.val.programmaticStreamSerializationAllowed = 1;
 	cfg.attrs = &attr;
 	cfg.numAttrs = c->pdl ? 1 : 0;
+	c->writes++;
 	e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
 	if (e != cudaSuccess)
 		return g4c_fail(c, e, what, __FILE__, __LINE__);

@@ -128,8 +128,9 @@ gelu_tanh(float x)
 	return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
 }
 
+/* outb: out's bf16 copy, or NULL (g4c_act_bf16_offer) */
 __global__ void
-geglu_kernel(const float *gu, int n, int ff, float *out)
+geglu_kernel(const float *gu, int n, int ff, float *out, uint16_t *outb)
 {
 	size_t		i = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
 	size_t		total = (size_t) n * (size_t) ff;
@@ -142,7 +143,11 @@ geglu_kernel(const float *gu, int n, int ff, float *out)
 		size_t		j = i - t * (size_t) ff;
 		const float *row = gu + t * 2 * (size_t) ff;
 
-		out[i] = __fmul_rn(gelu_tanh(row[j]), row[j + (size_t) ff]);
+		float		v = __fmul_rn(gelu_tanh(row[j]), row[j + (size_t) ff]);
+
+		out[i] = v;
+		if (outb)
+			outb[i] = g4_f32_to_bf16(v);
 	}
 }
 
@@ -163,7 +168,7 @@ g4c_geglu(g4_backend *be, const float *gu, int n, int ff, float *out)
 	if (n <= 0)
 		return G4_OK;
 	return g4c_launch(c, "geglu", geglu_kernel, dim3(grid_for(c, (size_t) n * (size_t) ff, 256)), dim3(256), 0, gu, n,
-					  ff, out);
+					  ff, out, g4c_act_bf16_offer(c, out, n, ff));
 }
 
 /* ---- logit rows and soft-cap ---------------------------------------------------- */

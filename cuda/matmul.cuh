@@ -858,8 +858,11 @@ gemm_reduce_kernel(const float *partial, int ksplit, size_t count, float *y)
 	}
 }
 
-/* x (float32 [n][K]) to bf16 [n][Kp], zero beyond K (matmul_dense.cu). */
-int			g4c_to_bf16(g4_cuda *c, const float *x, int n, int K, int Kp, uint16_t *xb);
+/* A matmul's input x (float32 [n][K]) as bf16 [n][Kp], zero beyond K
+ * (matmul_input.cu): its producer's copy, else converted into scratch, with
+ * `extra` more bytes of scratch at *extra_at (256-byte aligned; NULL when
+ * 0); NULL after recording an error. */
+const uint16_t *g4c_matmul_input(g4_cuda *c, const float *x, int n, int K, int Kp, size_t extra, void **extra_at);
 
 /* Blocks of gemm_kernel<FMT, MI> one SM holds (0 after recording an error). */
 template <int FMT, int MI>
@@ -907,8 +910,8 @@ gemm_ksplit(const g4_weight *w, int n, int tiles_mn, int slots, double b_bytes)
 
 /*
  * A launch of a gemm kernel over the grid (token-row tiles of bm, weight-row
- * tiles of bn_units units, K ranges): activations converted once to bf16, K
- * split by gemm_ksplit where the tiles alone leave SM slots idle (occ blocks
+ * tiles of bn_units units, K ranges): activations in bf16 once (their
+ * producer's copy or a conversion: g4c_matmul_input), K split by gemm_ksplit where the tiles alone leave SM slots idle (occ blocks
  * per SM), and the partial sums added in range order by gemm_split_finish.
  * Shared by the mma.sync gemm below and the warpgroup-MMA int4 kernel
  * (matmul_w4_wgmma.cu), which launch their kernels between the two.
@@ -928,21 +931,17 @@ gemm_split_prepare(g4_cuda *c, const g4_weight *w, const float *x, int n, float 
 	int			Kp = (int) w->ktiles * 64;
 	int			mt = (n + bm - 1) / bm;
 	int			nt = (int) ((w->units + bn_units - 1) / bn_units);
-	size_t		xb_bytes = ((size_t) n * (size_t) Kp * 2 + 255) & ~(size_t) 255;
-	size_t		part_bytes;
-	unsigned char *scratch;
+	void	   *partial = NULL;
 
 	p->ksplit = 1;
 	p->y = y;
 	if (occ <= 0)				/* the occupancy query recorded its error */
 		return c->err_code != G4_OK ? c->err_code : G4_ERR_BACKEND;
 	p->ksplit = gemm_ksplit(w, n, mt * nt, occ * c->sm_count, b_bytes);
-	part_bytes = p->ksplit > 1 ? (size_t) p->ksplit * (size_t) n * (size_t) w->out * sizeof(float) : 0;
-	scratch = (unsigned char *) g4c_scratch(c, xb_bytes + part_bytes);
-	if (!scratch)
-		return c->err_code;
-	p->a.xb = (const uint16_t *) scratch;
-	if (g4c_to_bf16(c, x, n, (int) w->in, Kp, (uint16_t *) scratch) != G4_OK)
+	p->a.xb = g4c_matmul_input(c, x, n, (int) w->in, Kp,
+							   p->ksplit > 1 ? (size_t) p->ksplit * (size_t) n * (size_t) w->out * sizeof(float) : 0,
+							   &partial);
+	if (!p->a.xb)
 		return c->err_code;
 	p->a.tiles = (const uint4 *) w->data;
 	p->a.scales = w->scales;
@@ -951,7 +950,7 @@ gemm_split_prepare(g4_cuda *c, const g4_weight *w, const float *x, int n, float 
 	p->a.KT = (int) w->ktiles;
 	p->a.U = (int) w->units;
 	p->a.kr = (p->a.KT + p->ksplit - 1) / p->ksplit;
-	p->a.y = p->ksplit > 1 ? (float *) (scratch + xb_bytes) : y;
+	p->a.y = p->ksplit > 1 ? (float *) partial : y;
 	p->grid = dim3((unsigned) mt, (unsigned) nt, (unsigned) p->ksplit);
 	return G4_OK;
 }

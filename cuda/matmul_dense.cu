@@ -66,33 +66,6 @@ g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 	return gemm_launch<G4C_W_BF16, 8>(c, w, x, n, y);
 }
 
-__global__ void
-to_bf16_kernel(const float *x, int n, int K, int Kp, uint16_t *xb)
-{
-	size_t		total = (size_t) n * (size_t) Kp;
-
-	g4c_pdl_trigger();
-	g4c_pdl_wait();
-	for (size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t) gridDim.x * blockDim.x)
-	{
-		size_t		r = i / (size_t) Kp;
-		int			k = (int) (i - r * (size_t) Kp);
-
-		xb[i] = k < K ? g4_f32_to_bf16(x[r * (size_t) K + (size_t) k]) : 0;
-	}
-}
-
-int
-g4c_to_bf16(g4_cuda *c, const float *x, int n, int K, int Kp, uint16_t *xb)
-{
-	size_t		total = (size_t) n * (size_t) Kp;
-	size_t		blocks = (total + 255) / 256;
-
-	if (blocks > (size_t) c->sm_count * 32)
-		blocks = (size_t) c->sm_count * 32;
-	return g4c_launch(c, "matmul (to bf16)", to_bf16_kernel, dim3((unsigned) blocks), dim3(256), 0, x, n, K, Kp, xb);
-}
-
 /* ---- float32 --------------------------------------------------------------- */
 
 #define SG_TILE 64

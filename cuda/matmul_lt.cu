@@ -224,7 +224,7 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 {
 	int			Kp = (int) w->ktiles * 64;
 	int			N = (int) w->out;
-	uint16_t   *xb = (uint16_t *) g4c_scratch(c, (size_t) n * (size_t) Kp * 2);
+	const uint16_t *xb;
 	const uint16_t *wb;
 	cublasLtMatmulDesc_t op = NULL;
 	cublasLtMatrixLayout_t la = NULL,
@@ -241,7 +241,8 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 				beta = 0.0f;
 	int			rc = G4_OK;
 
-	if (!xb || g4c_to_bf16(c, x, n, (int) w->in, Kp, xb) != G4_OK)
+	xb = g4c_matmul_input(c, x, n, (int) w->in, Kp, 0, NULL);
+	if (!xb)
 		return c->err_code;
 	wb = dequantised(c, w);
 	if (!wb)

@@ -21,8 +21,9 @@ rms_factor(double ss, int dim, float eps)
 	return powf(__fadd_rn((float) (ss / dim), eps), -0.5f);
 }
 
+/* yb: y's bf16 copy, or NULL (g4c_act_bf16_offer) */
 __global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_kernel(const float *x, const float *w, int dim, float eps, float *y)
+rmsnorm_kernel(const float *x, const float *w, int dim, float eps, float *y, uint16_t *yb)
 {
 	__shared__ double red[32];
 	const float *xr = x + (size_t) blockIdx.x * (size_t) dim;
@@ -39,7 +40,10 @@ rmsnorm_kernel(const float *x, const float *w, int dim, float eps, float *y)
 	{
 		float		v = __fmul_rn(xr[i], f);
 
-		yr[i] = w ? __fmul_rn(v, w[i]) : v;
+		v = w ? __fmul_rn(v, w[i]) : v;
+		yr[i] = v;
+		if (yb)
+			yb[(size_t) blockIdx.x * (size_t) dim + i] = g4_f32_to_bf16(v);
 	}
 }
 
@@ -50,15 +54,17 @@ g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, f
 
 	if (rows <= 0)
 		return G4_OK;
-	return g4c_launch(c, "rmsnorm", rmsnorm_kernel, dim3(rows), dim3(NORM_THREADS), 0, x, w, dim, eps, y);
+	return g4c_launch(c, "rmsnorm", rmsnorm_kernel, dim3(rows), dim3(NORM_THREADS), 0, x, w, dim, eps, y,
+					  g4c_act_bf16_offer(c, y, rows, dim));
 }
 
 /* The residual add, and optionally the next block's input norm of the new
- * row: every element is read and written by the same thread, so y may alias
- * h (the sums between the passes are block barriers). */
+ * row (and its bf16 copy yb, if given): every element is read and written
+ * by the same thread, so y may alias h (the sums between the passes are
+ * block barriers). */
 __global__ void __launch_bounds__(NORM_THREADS)
 add_rmsnorm_kernel(float *x, const float *h, const float *w, int dim, float eps, float scale,
-				   const float *next_w, float *y)
+				   const float *next_w, float *y, uint16_t *yb)
 {
 	__shared__ double red[32];
 	float	   *xr = x + (size_t) blockIdx.x * (size_t) dim;
@@ -85,7 +91,13 @@ add_rmsnorm_kernel(float *x, const float *h, const float *w, int dim, float eps,
 	f = rms_factor(g4c_block_sum_double(ss, red), dim, eps);
 	y += (size_t) blockIdx.x * (size_t) dim;
 	for (int i = threadIdx.x; i < dim; i += blockDim.x)
-		y[i] = __fmul_rn(__fmul_rn(xr[i], f), next_w[i]);
+	{
+		float		v = __fmul_rn(__fmul_rn(xr[i], f), next_w[i]);
+
+		y[i] = v;
+		if (yb)
+			yb[(size_t) blockIdx.x * (size_t) dim + i] = g4_f32_to_bf16(v);
+	}
 }
 
 /*
@@ -97,7 +109,7 @@ add_rmsnorm_kernel(float *x, const float *h, const float *w, int dim, float eps,
  */
 __global__ void __launch_bounds__(NORM_THREADS)
 add_rmsnorm_regs_kernel(float *x, const float *h, const float *w, int dim, float eps, float scale,
-						const float *next_w, float *y)
+						const float *next_w, float *y, uint16_t *yb)
 {
 	__shared__ double red[32];
 	const int	nv = dim / 4;
@@ -173,9 +185,18 @@ add_rmsnorm_regs_kernel(float *x, const float *h, const float *w, int dim, float
 		int			i = threadIdx.x + j * NORM_THREADS;
 
 		if (i < nv)
-			reinterpret_cast<float4 *>(y)[i] =
-				make_float4(__fmul_rn(__fmul_rn(xv[j].x, f), nv4[j].x), __fmul_rn(__fmul_rn(xv[j].y, f), nv4[j].y),
-							__fmul_rn(__fmul_rn(xv[j].z, f), nv4[j].z), __fmul_rn(__fmul_rn(xv[j].w, f), nv4[j].w));
+		{
+			float4		v = make_float4(__fmul_rn(__fmul_rn(xv[j].x, f), nv4[j].x),
+										__fmul_rn(__fmul_rn(xv[j].y, f), nv4[j].y),
+										__fmul_rn(__fmul_rn(xv[j].z, f), nv4[j].z),
+										__fmul_rn(__fmul_rn(xv[j].w, f), nv4[j].w));
+
+			reinterpret_cast<float4 *>(y)[i] = v;
+			if (yb)
+				reinterpret_cast<uint2 *>(yb + (size_t) blockIdx.x * (size_t) dim)[i] =
+					make_uint2(g4_f32_to_bf16(v.x) | (uint32_t) g4_f32_to_bf16(v.y) << 16,
+							   g4_f32_to_bf16(v.z) | (uint32_t) g4_f32_to_bf16(v.w) << 16);
+		}
 	}
 }
 
@@ -184,16 +205,18 @@ g4c_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
 				const float *next_w, float *y)
 {
 	g4_cuda    *c = g4c_of(be);
+	uint16_t   *yb;
 
 	if (n <= 0)
 		return G4_OK;
+	yb = y ? g4c_act_bf16_offer(c, y, n, dim) : NULL;
 	/* the register version reads and writes 16-byte vectors */
 	if (dim % 4 == 0 && dim <= 16 * NORM_THREADS &&
 		(((uintptr_t) x | (uintptr_t) h | (uintptr_t) w | (uintptr_t) next_w | (uintptr_t) y) & 15) == 0)
 		return g4c_launch(c, "add_rmsnorm", add_rmsnorm_regs_kernel, dim3(n), dim3(NORM_THREADS), 0, x, h, w, dim,
-						  eps, scale, next_w, y);
+						  eps, scale, next_w, y, yb);
 	return g4c_launch(c, "add_rmsnorm", add_rmsnorm_kernel, dim3(n), dim3(NORM_THREADS), 0, x, h, w, dim, eps, scale,
-					  next_w, y);
+					  next_w, y, yb);
 }
 
 #define HNR_PAIRS 8				/* rotation pairs per lane: head_dim up to 512 */

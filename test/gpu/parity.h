@@ -235,6 +235,14 @@ enum
 	ATT_VERIFY,					/* verify steps: 5, 8 and 1 tokens of three sequences */
 };
 
+/* expansions of the produced-input rows: PRODUCED_N * producer + rows */
+enum
+{
+	PRODUCED_RMSNORM, PRODUCED_ADD_RMSNORM, PRODUCED_GEGLU,
+};
+#define PRODUCED_N 1000
+#define PRODUCED(producer, n) (PRODUCED_N * PRODUCED_##producer + (n))
+
 /* expansion of the reused-weight row: a step begins (else a weight index) */
 #define STEP_BEGINS (-1)
 
@@ -303,6 +311,7 @@ extern const parity_kind parity_matmul_int4,
 			parity_matmul_bf16,
 			parity_matmul_float,
 			parity_matmul_reused,
+			parity_matmul_produced,
 			parity_embed,
 			parity_embed_concat,
 			parity_argmax,

@@ -325,3 +325,77 @@ const parity_kind parity_matmul_reused = {
 	.setup = reused_setup,
 	.run = reused_run,
 };
+
+/* ---- a matmul straight after the kernel that made its input ---------------------- */
+
+/*
+ * The norms and GEGLU write a bf16 copy of their output that the matmul
+ * right after them reads instead of converting (matmul_input.cu).  Each
+ * expansion (PRODUCED(producer, n)) runs the producer on the GPU, then the
+ * matmul on its output twice: the first takes the copy, the second (the
+ * first's launches end the copy) converts.  Metric 0: the first product
+ * against the CPU's on the producer's output; 1: the outputs that differ
+ * between the two (the copy is the conversion's bytes: none may).
+ */
+static int
+produced_describe(const parity_row *r, int i, char *label, size_t size)
+{
+	static const char *const names[] = {"rmsnorm", "add_rmsnorm", "geglu"};
+	const mm_args *a = &r->a.mm;
+
+	snprintf(label, size, "after %s: %s n=%d out=%lld in=%lld%s", names[r->each[i] / PRODUCED_N],
+			 g4_wfmt_name(a->fmt), r->each[i] % PRODUCED_N, (long long) mm_out(a), (long long) a->in,
+			 a->force ? " (forced path)" : "");
+	return 2;
+}
+
+static void
+produced_run(const parity_row *r, void *fx, int i, double *metric)
+{
+	const mm_weight *m = fx;
+	int			producer = r->each[i] / PRODUCED_N,
+				n = r->each[i] % PRODUCED_N;
+	int			K = (int) m->in;
+	size_t		nx = (size_t) n * (size_t) K,
+				ny = (size_t) n * (size_t) m->out;
+	float	   *in = p_malloc(nx * 2 * 4),
+			   *w = p_malloc((size_t) K * 4),
+			   *x = p_malloc(nx * 4),
+			   *yg = p_malloc(ny * 4),
+			   *yg2 = p_malloc(ny * 4);
+	float	   *din,
+			   *dw,
+			   *dres,
+			   *dx = gpu_alloc(nx * 4),
+			   *dy = gpu_alloc(ny * 4),
+			   *dy2 = gpu_alloc(ny * 4);
+
+	fill_normal(in, nx * 2, 1.0f);
+	fill_normal(w, (size_t) K, 1.0f);
+	din = gpu_copy(in, nx * 2 * 4);
+	dw = gpu_copy(w, (size_t) K * 4);
+	dres = gpu_copy(in + nx, nx * 4);
+	set_force(r->a.mm.force ? r->a.mm.force : initial_force());
+	if (producer == PRODUCED_RMSNORM)
+		P_RUN(gpu_be, rmsnorm, din, dw, n, K, 1e-6f, dx);
+	else if (producer == PRODUCED_ADD_RMSNORM)
+		P_RUN(gpu_be, add_rmsnorm, dres, din, dw, n, K, 1e-6f, 1.0f, dw, dx);
+	else
+		P_RUN(gpu_be, geglu, din, n, K, dx);
+	P_RUN(gpu_be, matmul, m->wg, dx, n, dy);
+	P_RUN(gpu_be, matmul, m->wg, dx, n, dy2);
+	set_force(initial_force());
+	gpu_get(x, dx, nx * 4);
+	gpu_get(yg, dy, ny * 4);
+	gpu_get(yg2, dy2, ny * 4);
+	metric[0] = mm_error(m, x, n, yg);
+	metric[1] = count_differing(yg, yg2, ny);
+}
+
+const parity_kind parity_matmul_produced = {
+	.family = "matmul_int4",
+	.describe = produced_describe,
+	.setup = matmul_setup,
+	.teardown = matmul_teardown,
+	.run = produced_run,
+};

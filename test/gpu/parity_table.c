@@ -37,6 +37,7 @@
 #define WHY_NARROW "float32-class: in <= 256, the device keeps the weight in float32 (backend_cuda.cu)"
 #define WHY_FLOAT "float32-class: float32 products of the dequantised weights, in another order"
 #define WHY_REPEAT "exact: outputs differing between two calls (deterministic reductions)"
+#define WHY_PRODUCED "exact: outputs differing from the product of the producer's output converted"
 #define WHY_COPY "exact: elements differing (rows copied, dequantised and scaled alike)"
 #define WHY_ARGMAX "exact: rows differing (ties to the first, NaN at 0 kept, elsewhere never, all -inf: 0)"
 #define WHY_NORM "float32-class: float32 sums of squares in another order"
@@ -149,6 +150,25 @@ const parity_row parity_table[] = {
 	 .check = {{"matmul reused", NULL, 8e-3, WHY_BF16},
 			   {"matmul reused same", NULL, 0.0, "exact: outputs differing from the weight's first call"}},
 	 .seed = 13},
+
+	/*
+	 * A matmul straight after the kernel that made its input takes that
+	 * kernel's bf16 copy (matmul_input.cu): each producer, the add_rmsnorm
+	 * of registers (in <= 4096) and of loops (5120), on the warpgroup-MMA
+	 * kernel (16, 64 rows), cuBLASLt (520) and the mma.sync gemm (forced);
+	 * within the bf16 bound and bit for bit the product of the converted
+	 * output (seed 14).
+	 */
+	{.kind = &parity_matmul_produced, .a.mm = {G4_W_I4G32, 1, {512}, 3840},
+	 EACH(PRODUCED(RMSNORM, 16), PRODUCED(RMSNORM, 520), PRODUCED(ADD_RMSNORM, 16), PRODUCED(ADD_RMSNORM, 64),
+		  PRODUCED(GEGLU, 64), PRODUCED(GEGLU, 520)),
+	 .check = {{"matmul produced", NULL, 8e-3, WHY_BF16}, {"matmul produced same", NULL, 0.0, WHY_PRODUCED}},
+	 .seed = 14},
+	{.kind = &parity_matmul_produced, .a.mm = {G4_W_I4G32, 1, {512}, 5120}, EACH(PRODUCED(ADD_RMSNORM, 40)),
+	 .check = {{"matmul produced", NULL, 8e-3, WHY_BF16}, {"matmul produced same", NULL, 0.0, WHY_PRODUCED}}},
+	{.kind = &parity_matmul_produced, .a.mm = {G4_W_I4G32, 1, {512}, 3840, "gemm"},
+	 EACH(PRODUCED(RMSNORM, 40), PRODUCED(GEGLU, 40)),
+	 .check = {{"matmul produced", NULL, 8e-3, WHY_BF16}, {"matmul produced same", NULL, 0.0, WHY_PRODUCED}}},
 
 	/* ---- matmul: bf16 (seed 2) ---- */
 	{MM(bf16, G4_W_BF16, 1, {9000}, 3840), EACH(1, 5, 16), MATMUL(3e-5, WHY_GEMV), .seed = 2, .share = 10},
