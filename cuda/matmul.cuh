@@ -23,7 +23,7 @@
  * (32, 64 or 128) x 32, K split over blocks where the tiles alone would
  * leave SMs idle, k-tiles of 64 through a 4-stage (I4) / 3-stage (BF16)
  * cp.async pipeline;
- * activations converted once to bf16, A fragments by ldmatrix from an
+ * activations in bf16 (matmul_input.cu), A fragments by ldmatrix from an
  * XOR-swizzled tile, int4 weights dequantised in registers to bf16 with the
  * group scale folded in (one rounding).  Products of bf16-rounded operands,
  * float32 accumulation.
