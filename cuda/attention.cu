@@ -668,7 +668,11 @@ attn_merge_kernel(attn_args a, int rows, int chunks)
 	if (a.rotated)
 		hadamard_rows_hd(o, 1, a.hd, a.hd);
 	for (int d = d_lo + threadIdx.x; d < d_hi; d += blockDim.x)
+	{
 		dst[d] = o[d];
+		if (a.out_bf16)
+			a.out_bf16[dst - a.out + d] = g4_f32_to_bf16(o[d]);
+	}
 }
 
 /* ==== dispatch ===================================================================== */
@@ -865,6 +869,8 @@ typedef struct
 								 * (attn_simt_splits) */
 	int			tile_images;	/* tc on k_eq_v prefill tiles: prefill runs'
 								 * keys as tile images (keqv_tile_images) */
+	int			out_bf16;		/* unsplit, it writes out's bf16 copy too
+								 * (attn_args.out_bf16) */
 } attn_choice;
 
 /* Steps whose sequences bring at most this many consecutive tokens each go
@@ -937,6 +943,7 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 		if (ch->fn)
 		{
 			ch->name = "attention (decode)";
+			ch->out_bf16 = 1;
 			ch->threads = 128;
 			ch->rows = gq;
 			ch->level = -1;
@@ -949,6 +956,7 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 		if (ch->fn)
 		{
 			ch->name = "attention (decode, k_eq_v)";
+			ch->out_bf16 = 1;
 			ch->rows = gq;
 			ch->level = -1;
 			ch->per_sm = 2;		/* its shared memory holds two */
@@ -993,6 +1001,7 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 		return G4_ERR_UNSUPPORTED;
 	ch->fn = simt;
 	ch->name = "attention (float32)";
+	ch->out_bf16 = 1;
 	ch->smem = ((gq * hd + SIMT_WARPS * gq * (hd + 2)) * (int) sizeof(float) + 15) / 16 * 16 +
 		2 * (int) g4_kv_head_block_bytes(dtype, hd, L->k_eq_v);
 	ch->threads = SIMT_WARPS * 32;
@@ -1081,6 +1090,7 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.q_stride = q_stride;
 	a.out = out;
 	a.out_stride = L->n_heads * hd;
+	a.out_bf16 = NULL;
 	a.slot = c->d_slot;
 	a.lo = c->d_lo[L->group];
 	a.hi = c->d_hi[L->group];
@@ -1117,12 +1127,16 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	}
 	if (allow_smem(c, ch.fn, ch.smem) != G4_OK)
 		return c->err_code;
+	/* the bf16 copy of out for the o matmul, from the kernel that writes
+	 * out last */
+	a.out_bf16 = a.S == 1 && ch.out_bf16 ? g4c_act_bf16_offer(c, out, n, a.out_stride) : NULL;
 	if (g4c_launch(c, ch.name, ch.fn, dim3(groups, a.S), dim3(ch.threads), (size_t) ch.smem, a) != G4_OK)
 		return c->err_code;
 	if (a.S > 1)
 	{
 		int			chunks = (a.rotated || hd < 256) ? 1 : hd / 128;
 
+		a.out_bf16 = g4c_act_bf16_offer(c, out, n, a.out_stride);
 		return g4c_launch(c, "attention (merge)", attn_merge_kernel, dim3(groups * ch.rows * chunks), dim3(128),
 						  ((a.S + 3) / 4 * 4 + hd) * sizeof(float), a, ch.rows, chunks);
 	}

@@ -56,6 +56,10 @@ struct attn_args
 	int			q_stride;
 	float	   *out;
 	int			out_stride;		/* n_heads * hd */
+	/* out's bf16 copy (g4c_act_bf16_offer), or NULL: written by the
+	 * kernel that writes out (attn_finish_token, the k_eq_v decode kernel,
+	 * attn_merge_kernel) */
+	uint16_t   *out_bf16;
 	const int32_t *slot,
 			   *lo,
 			   *hi;
@@ -308,7 +312,13 @@ attn_finish_token(const attn_args &a, const float *ws, float *qs, int split, int
 	if (a.rotated)
 		hadamard_rows_hd(qs, gq, HD, HD);
 	for (int q = threadIdx.x; q < gq * HD; q += blockDim.x)
-		a.out[(size_t) t * a.out_stride + (size_t) g * gq * HD + q] = qs[q];
+	{
+		size_t		at = (size_t) t * a.out_stride + (size_t) g * gq * HD + q;
+
+		a.out[at] = qs[q];
+		if (a.out_bf16)
+			a.out_bf16[at] = g4_f32_to_bf16(qs[q]);
+	}
 }
 
 /* Two int8 codes (bytes sel of w) as an exact f16 pair: 0x64XX is 1024 + XX,

@@ -524,13 +524,17 @@ attn_decode_full_kernel(attn_args a)
 	{
 		int			row = gr + 8 * h;
 		float	   *dst;
+		uint16_t   *dstb = NULL;	/* the bf16 copy (unsplit only) */
 		float		mul = 1.0f;
 
 		if (row >= a.gq)
 			continue;
 		if (a.S == 1)
 		{
-			dst = a.out + (size_t) t * a.out_stride + (size_t) (g * a.gq + row) * HD;
+			size_t		at = (size_t) t * a.out_stride + (size_t) (g * a.gq + row) * HD;
+
+			dst = a.out + at;
+			dstb = a.out_bf16 ? a.out_bf16 + at : NULL;
 			mul = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
 		}
 		else
@@ -547,7 +551,14 @@ attn_decode_full_kernel(attn_args a)
 		for (int j = 0; j < G::NT; j++)
 #pragma unroll
 			for (int e = 0; e < 2; e++)
-				dst[(HD / DF_WARPS) * warp + 16 * tq + 8 * e + j] = o[j][2 * h + e] * mul;
+			{
+				int			d = (HD / DF_WARPS) * warp + 16 * tq + 8 * e + j;
+				float		v = o[j][2 * h + e] * mul;
+
+				dst[d] = v;
+				if (dstb)
+					dstb[d] = g4_f32_to_bf16(v);
+			}
 	}
 }
 

@@ -411,7 +411,7 @@ attention_describe(const parity_row *r, int i, char *label, size_t size)
 	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
 			 keqv ? " k_eq_v" : "", st->name, st->n[a->group], a->exact16 ? " exact-in" : "",
 			 a->full_rope ? " full-rope" : "");
-	return 1;
+	return 2;
 }
 
 /* The pool of the rows that share it; each group's context filled when a
@@ -439,7 +439,11 @@ attention_setup(const parity_row *r)
 	return P;
 }
 
-/* metric: max |gpu - cpu| relative to max |cpu| of the output */
+/* metric 0: max |gpu - cpu| relative to max |cpu| of the output; 1: the
+ * outputs of an int4 matmul over the GPU's output (as the o projection
+ * follows attention) that differ between its first call, which takes the
+ * bf16 copy the attention kernels write where they can (matmul_input.cu),
+ * and its second, which converts */
 static void
 attention_run(const parity_row *r, void *fx, int i, double *metric)
 {
@@ -452,11 +456,18 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 	int			q_stride = P->heads * hd + 24;
 	size_t		qlen = (size_t) n * (size_t) q_stride;
 	size_t		olen = (size_t) n * (size_t) P->heads * (size_t) hd;
+	size_t		ny = (size_t) n * 64;
 	float	   *q = p_malloc(qlen * 4),
 			   *oc = p_malloc(olen * 4),
-			   *og = p_malloc(olen * 4);
+			   *og = p_malloc(olen * 4),
+			   *y = p_malloc(ny * 4),
+			   *y2 = p_malloc(ny * 4);
 	float	   *dq,
-			   *dout;
+			   *dout,
+			   *dy,
+			   *dy2;
+	g4_host_weight hw;
+	g4_weight  *wo;
 	meta_buf	mb;
 	g4_step_meta m;
 	float		scale = a->exact16 ? 0.125f : 1.0f;
@@ -485,9 +496,20 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 	dq = gpu_copy(q, qlen * 4);
 	dout = gpu_alloc(olen * 4);
 	gpu_be->ops->fill(gpu_be, dout, 0xff, olen * 4);
+	/* the projection's weight and outputs made before the attention: any
+	 * write to the device between the two ends the copy */
+	host_weight_make(&hw, G4_W_I4G32, 64, (int64_t) P->heads * hd);
+	wo = p_weight(gpu_be, &hw, 1);
+	dy = gpu_alloc(ny * 4);
+	dy2 = gpu_alloc(ny * 4);
 	P_RUN(cpu_be, attention, &Lc, q, q_stride, n, oc);
 	P_RUN(gpu_be, attention, &Lg, dq, q_stride, n, dout);
+	P_RUN(gpu_be, matmul, wo, dout, n, dy);
+	P_RUN(gpu_be, matmul, wo, dout, n, dy2);
 	gpu_get(og, dout, olen * 4);
+	gpu_get(y, dy, ny * 4);
+	gpu_get(y2, dy2, ny * 4);
+	metric[1] = count_differing_words(y, y2, ny);
 	for (k = 0; k < olen; k++)
 	{
 		double		d = fabs((double) og[k] - (double) oc[k]);

@@ -389,6 +389,17 @@ host_weight_make(g4_host_weight *w, int fmt, int64_t out, int64_t in)
 /* ---- measures ---------------------------------------------------------------------- */
 
 double
+count_differing_words(const void *a, const void *b, size_t n)
+{
+	size_t		i,
+				diff = 0;
+
+	for (i = 0; i < n; i++)
+		diff += memcmp((const char *) a + 4 * i, (const char *) b + 4 * i, 4) != 0;
+	return (double) diff;
+}
+
+double
 max_rel(const float *a, const float *ref, size_t n)
 {
 	double		m = 0.0,

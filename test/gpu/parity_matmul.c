@@ -105,19 +105,6 @@ mm_error(const mm_weight *m, const float *x, int n, const float *yg)
 	return worst;
 }
 
-/* the count of outputs of two products that differ */
-static double
-count_differing(const float *a, const float *b, size_t n)
-{
-	size_t		i,
-				differ = 0;
-
-	for (i = 0; i < n; i++)
-		if (memcmp(&a[i], &b[i], 4) != 0)
-			differ++;
-	return (double) differ;
-}
-
 /* ---- one weight, row counts in turn ------------------------------------------------ */
 
 /* G4_MATMUL_I4 as the process started (a path forced by whoever runs the
@@ -206,7 +193,7 @@ matmul_run(const parity_row *r, void *fx, int i, double *metric)
 	gpu_get(yg, dy, ny * 4);
 	gpu_get(yg2, dy2, ny * 4);
 	metric[0] = mm_error(m, x, n, yg);
-	metric[1] = count_differing(yg, yg2, ny);
+	metric[1] = count_differing_words(yg, yg2, ny);
 }
 
 /* one kind per family, so that each can be run alone (a name each) */
@@ -316,7 +303,7 @@ reused_run(const parity_row *r, void *fx, int i, double *metric)
 		f->called[w] = 1;
 	}
 	else
-		metric[1] = count_differing(yg, f->first[w], ny);
+		metric[1] = count_differing_words(yg, f->first[w], ny);
 }
 
 const parity_kind parity_matmul_reused = {
@@ -389,7 +376,7 @@ produced_run(const parity_row *r, void *fx, int i, double *metric)
 	gpu_get(yg, dy, ny * 4);
 	gpu_get(yg2, dy2, ny * 4);
 	metric[0] = mm_error(m, x, n, yg);
-	metric[1] = count_differing(yg, yg2, ny);
+	metric[1] = count_differing_words(yg, yg2, ny);
 }
 
 const parity_kind parity_matmul_produced = {

@@ -12,17 +12,6 @@
 #include "parity.h"
 #include "util.h"
 
-static double
-count_differing_words(const void *a, const void *b, size_t n)
-{
-	size_t		i,
-				diff = 0;
-
-	for (i = 0; i < n; i++)
-		diff += memcmp((const char *) a + 4 * i, (const char *) b + 4 * i, 4) != 0;
-	return (double) diff;
-}
-
 /* ---- embedding rows --------------------------------------------------------------- */
 
 static int

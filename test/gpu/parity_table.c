@@ -76,6 +76,10 @@
 #define DECODE_NS 11, 16, 17, 32, 33, 64, 65, 128, 256, 512
 
 #define CHECK1(op, bound, why) .check = {{op, NULL, bound, why}}
+/* attention's own check, then the o projection's products from its bf16
+ * copy and from its output converted (parity_attention.c) */
+#define ATTN_CHECK(op, bound, why) .check = {{op, NULL, bound, why}, \
+	{"matmul after attention", NULL, 0.0, WHY_PRODUCED}}
 #define SAMPLE(...) .kind = &parity_sample, .a.sample = {__VA_ARGS__}
 #define POOL(kind_, ...) .kind = &parity_attention_##kind_, .a.pool = {__VA_ARGS__}
 /* the steps of attention over a pool */
@@ -307,84 +311,84 @@ const parity_row parity_table[] = {
 	 */
 	/* the float32 kernel on small pools (seed 10) */
 	{POOL(float32, .dtype = G4_KV_F32, .small = 1), EACH(SMALL_STEPS),
-	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .seed = 10, .share = 1},
+	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .seed = 10, .share = 1},
 	{POOL(float32, .dtype = G4_KV_F32, .small = 1, .group = 1), EACH(SMALL_STEPS),
-	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 1},
+	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .share = 1},
 	{POOL(float32, .dtype = G4_KV_BF16, .small = 1), EACH(SMALL_STEPS),
-	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 2},
+	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .share = 2},
 	{POOL(float32, .dtype = G4_KV_BF16, .small = 1, .group = 1), EACH(SMALL_STEPS),
-	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 2},
+	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .share = 2},
 	{POOL(float32, .dtype = G4_KV_TURBOQUANT_K8V4, .small = 1), EACH(SMALL_STEPS),
-	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 3},
+	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .share = 3},
 	{POOL(float32, .dtype = G4_KV_TURBOQUANT_K8V4, .small = 1, .group = 1), EACH(SMALL_STEPS),
-	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 3},
+	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .share = 3},
 
 	/* Gemma 4's layer groups, random Gemma-like inputs (seed 11) */
-	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_DECODE_1), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32),
+	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_DECODE_1), ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32),
 	 .seed = 11, .share = 4},
 	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_SHORT),
-	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 4},
+	 ATTN_CHECK("attention(tc)", 0.1, WHY_TC), .share = 4},
 	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
-	 CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 4},
-	{POOL(gemma4, .dtype = G4_KV_F32, .group = 1), EACH(ALL_STEPS), CHECK1("attention(tc)", 0.1, WHY_TC),
+	 ATTN_CHECK("attention(prefill)", 0.1, WHY_PREFILL), .share = 4},
+	{POOL(gemma4, .dtype = G4_KV_F32, .group = 1), EACH(ALL_STEPS), ATTN_CHECK("attention(tc)", 0.1, WHY_TC),
 	 .share = 4},
-	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_DECODE_1), CHECK1("attention(f32)", 2e-5, WHY_ATT_F32),
+	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_DECODE_1), ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32),
 	 .share = 5},
 	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_SHORT),
-	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 5},
+	 ATTN_CHECK("attention(tc)", 0.1, WHY_TC), .share = 5},
 	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
-	 CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 5},
-	{POOL(gemma4, .dtype = G4_KV_BF16, .group = 1), EACH(ALL_STEPS), CHECK1("attention(tc)", 0.1, WHY_TC),
+	 ATTN_CHECK("attention(prefill)", 0.1, WHY_PREFILL), .share = 5},
+	{POOL(gemma4, .dtype = G4_KV_BF16, .group = 1), EACH(ALL_STEPS), ATTN_CHECK("attention(tc)", 0.1, WHY_TC),
 	 .share = 5},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
-	 CHECK1("attention(decode)", 0.1, WHY_DECODE), .share = 6},
+	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_PREFILL_SHORT),
-	 CHECK1("attention(tc)", 0.1, WHY_TC), .share = 6},
+	 ATTN_CHECK("attention(tc)", 0.1, WHY_TC), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
-	 CHECK1("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
+	 ATTN_CHECK("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
-	 CHECK1("attention(decode)", 0.1, WHY_DECODE), .share = 6},
+	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1),
-	 EACH(ATT_PREFILL_DECODE, ATT_PREFILL_SHORT, ATT_PREFILL_LONG), CHECK1("attention(tc)", 0.1, WHY_TC), .share = 6},
+	 EACH(ATT_PREFILL_DECODE, ATT_PREFILL_SHORT, ATT_PREFILL_LONG), ATTN_CHECK("attention(tc)", 0.1, WHY_TC), .share = 6},
 
 	/* f16-exact inputs (seed 12; decoded turboquant values are not) */
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_DECODE_1),
-	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .seed = 12, .share = 7},
+	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .seed = 12, .share = 7},
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_SHORT),
-	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
+	 ATTN_CHECK("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
-	 CHECK1("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 7},
+	 ATTN_CHECK("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1), EACH(ALL_STEPS),
-	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
+	 ATTN_CHECK("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_1),
-	 CHECK1("attention(f32)", 2e-5, WHY_ATT_F32), .share = 8},
+	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .share = 8},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_SHORT),
-	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
+	 ATTN_CHECK("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
-	 CHECK1("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 8},
+	 ATTN_CHECK("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 8},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1, .group = 1), EACH(ALL_STEPS),
-	 CHECK1("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
+	 ATTN_CHECK("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
 
 	/* the decode kernel at every query-heads-per-KV-head count it takes
 	 * (1, 2, 4, 8: Gemma 4's sliding layers have 2, Gemma 3 270M's 4),
 	 * the pool's 8 KV heads kept (seed 13) */
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 8), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
-	 CHECK1("attention(decode)", 0.1, WHY_DECODE), .seed = 13},
+	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE), .seed = 13},
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
-	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 32), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
-	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 64), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
-	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
 	/* the k_eq_v decode kernel (full layers: one KV head) with fewer query
 	 * heads than its 16 rows, at 16, and with every pair rotated (its
 	 * rebuilding path for every piece group) */
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
-	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
-	 CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16, .group = 1, .full_rope = 1),
-	 EACH(ATT_DECODE_1, ATT_DECODE_4), CHECK1("attention(decode)", 0.1, WHY_DECODE)},
+	 EACH(ATT_DECODE_1, ATT_DECODE_4), ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
 
 	/* ---- the media embedders' operations (seed 41): a layer norm (out of
 	 * place and in place), then bias and 2-D positions ---- */
