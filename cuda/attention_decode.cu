@@ -26,6 +26,9 @@
 #include "attention.cuh"
 
 #define DEC_WARPS 4
+#ifndef DEC_CHAINS
+#define DEC_CHAINS 2			/* score accumulators per pool block (dec_scores) */
+#endif
 
 template <int HD>
 struct dec_geom
@@ -123,12 +126,16 @@ dec_query_fragments(const float *qs, int gq, int gr, int tq, uint32_t qf[][2])
 }
 
 /* Sᵀ = K8·Qᵀ of one pool block: s[0], s[1] = key gr, rows 2tq, 2tq+1;
- * s[2], s[3] = key gr + 8 (unscaled: times the key's scale later). */
+ * s[2], s[3] = key gr + 8 (unscaled: times the key's scale later).  The
+ * k-steps go to DEC_CHAINS accumulators in turn, added at the end: each
+ * MMA waits for the one before it on its accumulator, so one chain of
+ * HD/16 was the longest wait of a pool block. */
 template <int HD>
 __device__ __forceinline__ void
 dec_scores(const dec_raw<HD> &r, const uint32_t qf[][2], float s[4])
 {
-	s[0] = s[1] = s[2] = s[3] = 0.0f;
+	float		acc[DEC_CHAINS][4] = {};
+
 #pragma unroll
 	for (int k = 0; k < dec_geom<HD>::KSTEPS; k++)
 	{
@@ -137,7 +144,15 @@ dec_scores(const dec_raw<HD> &r, const uint32_t qf[][2], float s[4])
 		uint32_t	af[4] = {i8x2_to_f16x2(w0, 0x4140u), i8x2_to_f16x2(w1, 0x4140u),
 		i8x2_to_f16x2(w0, 0x4342u), i8x2_to_f16x2(w1, 0x4342u)};
 
-		g4c_mma_f16(s, af, qf[k][0], qf[k][1]);
+		g4c_mma_f16(acc[k % DEC_CHAINS], af, qf[k][0], qf[k][1]);
+	}
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+	{
+		s[i] = acc[0][i];
+#pragma unroll
+		for (int c = 1; c < DEC_CHAINS; c++)
+			s[i] += acc[c][i];
 	}
 }
 
