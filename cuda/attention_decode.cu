@@ -26,9 +26,7 @@
 #include "attention.cuh"
 
 #define DEC_WARPS 4
-#ifndef DEC_CHAINS
 #define DEC_CHAINS 2			/* score accumulators per pool block (dec_scores) */
-#endif
 
 template <int HD>
 struct dec_geom

@@ -4,10 +4,13 @@
  * copies, the mma.sync gemm, cuBLASLt).
  *
  * The kernels that make a matmul's input (rmsnorm, add_rmsnorm's next
- * norm, GEGLU) write this bf16 copy beside their float32 output when given
- * a buffer (g4c_act_bf16_offer): the matmul that follows them then needs no
- * conversion kernel, one dependent kernel fewer in the decode step's chain
- * for three of a layer's four matmuls.  The copy stands for its float32
+ * norm, GEGLU, the kernels that finish attention) write this bf16 copy
+ * beside their float32 output when given a buffer (g4c_act_bf16_offer):
+ * the matmul that follows them then needs no conversion kernel, one
+ * dependent kernel fewer in the decode step's chain for each of a layer's
+ * four matmuls (the first three: decode B=16 2,491 -> 2,558 tok/s, B=64
+ * 6,038 -> 6,260; attention's copy within the runs' spread; RESULTS.md,
+ * runs 80-86).  The copy stands for its float32
  * source only until the next write to device memory (a kernel launch, an
  * upload, a fill, a step graph's replay: c->writes), so a matmul takes it
  * only straight after its producer; anywhere else it converts.  Both ways
