@@ -222,7 +222,7 @@ cu_held_bytes(g4_backend *be)
 {
 	g4_cuda    *c = g4c_of(be);
 
-	return c->scratch_bytes + c->keqv_tiles_bytes + c->act_bf16_bytes + c->counters_n * sizeof(unsigned) +
+	return c->scratch_bytes + c->keqv_tiles_bytes + (c->act_bf16 ? G4C_ACT_BF16_BYTES : 0) + c->counters_n * sizeof(unsigned) +
 		c->meta_ints * sizeof(int32_t) +
 		g4c_lt_held_bytes(c) + (size_t) c->cap_ids * sizeof(int32_t) +
 		(size_t) c->cap_rows * sizeof(g4_row_sampling) + (size_t) c->cap_suppress * sizeof(int32_t) +
@@ -948,6 +948,8 @@ g4_backend_cuda_create(int device, g4_backend **out, g4_err *err)
 		e = cudaMemsetAsync(c->d_status, 0, sizeof(unsigned), c->stream);
 	if (e == cudaSuccess)
 		e = cudaMallocHost((void **) &c->h_status, sizeof(unsigned));
+	if (e == cudaSuccess)
+		e = cudaMalloc(&c->act_bf16, G4C_ACT_BF16_BYTES);
 	if (e != cudaSuccess)
 	{
 		cudaGetLastError();

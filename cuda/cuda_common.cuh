@@ -130,13 +130,15 @@ typedef struct
 	unsigned   *counters;		/* zeroed; merging blocks reset what they use */
 	size_t		counters_n;
 
-	/* writes to device memory issued (kernel launches, uploads, fills,
-	 * graph replays): how long the bf16 copy below stands for its source */
+	/* the writes that may touch an activation (kernel launches, the
+	 * upload and fill operations, graph replays; not the backend's own
+	 * copies of step metadata and status words, nor cuBLASLt's product,
+	 * which only a matmul makes, after its take): how long the bf16 copy
+	 * below stands for its source */
 	uint64_t	writes;
 	/* the bf16 copy of a matmul input its producer wrote beside it
-	 * (matmul_input.cu); grows outside graph capture only */
+	 * (matmul_input.cu), G4C_ACT_BF16_BYTES made with the backend */
 	void	   *act_bf16;
-	size_t		act_bf16_bytes;
 	const float *act_bf16_of;	/* its float32 source, NULL: none */
 	int			act_bf16_n,
 				act_bf16_K;
@@ -200,10 +202,15 @@ void	   *g4c_scratch(g4_cuda *c, size_t bytes);
 /* The same for any buffer the backend keeps between kernels: *buf grown to
  * at least `bytes` (the old contents lost; recorded graphs dropped). */
 void	   *g4c_grow(g4_cuda *c, void **buf, size_t *have, size_t bytes, const char *what);
+/* The largest bf16 copy of a matmul input kept (bytes): decode and verify
+ * steps of up to ~1,000 rows of GEGLU's 15,360 columns; larger steps
+ * (prefill) convert, where a conversion is a small part of a matmul. */
+#define G4C_ACT_BF16_BYTES ((size_t) 32 << 20)
+
 /* The buffer a kernel about to be launched may fill with the bf16 copy
  * ([n][K], g4_f32_to_bf16) of its float32 output y, for the matmul that
- * may follow (matmul_input.cu); NULL: none (K not a multiple of 64, too
- * large, or no room while a graph records). */
+ * may follow (matmul_input.cu); NULL: none (K not a multiple of 64, or
+ * larger than G4C_ACT_BF16_BYTES). */
 uint16_t   *g4c_act_bf16_offer(g4_cuda *c, const float *y, int n, int K);
 /* `n` zeroed counters. */
 unsigned   *g4c_counters(g4_cuda *c, size_t n);

@@ -142,7 +142,6 @@ geglu_kernel(const float *gu, int n, int ff, float *out, uint16_t *outb)
 		size_t		t = i / (size_t) ff;
 		size_t		j = i - t * (size_t) ff;
 		const float *row = gu + t * 2 * (size_t) ff;
-
 		float		v = __fmul_rn(gelu_tanh(row[j]), row[j + (size_t) ff]);
 
 		out[i] = v;

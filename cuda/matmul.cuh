@@ -911,8 +911,9 @@ gemm_ksplit(const g4_weight *w, int n, int tiles_mn, int slots, double b_bytes)
 /*
  * A launch of a gemm kernel over the grid (token-row tiles of bm, weight-row
  * tiles of bn_units units, K ranges): activations in bf16 once (their
- * producer's copy or a conversion: g4c_matmul_input), K split by gemm_ksplit where the tiles alone leave SM slots idle (occ blocks
- * per SM), and the partial sums added in range order by gemm_split_finish.
+ * producer's copy or a conversion: g4c_matmul_input), K split by
+ * gemm_ksplit where the tiles alone leave SM slots idle (occ blocks per
+ * SM), and the partial sums added in range order by gemm_split_finish.
  * Shared by the mma.sync gemm below and the warpgroup-MMA int4 kernel
  * (matmul_w4_wgmma.cu), which launch their kernels between the two.
  */

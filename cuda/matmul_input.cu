@@ -7,22 +7,16 @@
  * norm, GEGLU, the kernels that finish attention) write this bf16 copy
  * beside their float32 output when given a buffer (g4c_act_bf16_offer):
  * the matmul that follows them then needs no conversion kernel, one
- * dependent kernel fewer in the decode step's chain for each of a layer's
- * four matmuls (the first three: decode B=16 2,491 -> 2,558 tok/s, B=64
- * 6,038 -> 6,260; attention's copy within the runs' spread; RESULTS.md,
- * runs 80-86).  The copy stands for its float32
- * source only until the next write to device memory (a kernel launch, an
- * upload, a fill, a step graph's replay: c->writes), so a matmul takes it
- * only straight after its producer; anywhere else it converts.  Both ways
- * give the same bytes: the same rounding (g4_f32_to_bf16) of the same
- * floats.
+ * dependent kernel fewer in the decode step's chain before each of a
+ * layer's four matmuls (the first three: decode B=16 2,491 -> 2,558
+ * tok/s, B=64 6,038 -> 6,262; attention's copy within the runs' spread;
+ * RESULTS.md, runs 80-86).  The copy stands for its float32 source only
+ * until the next write that may touch an activation (c->writes), so a
+ * matmul takes it only straight after its producer; anywhere else it
+ * converts.  Both ways give the same bytes: the same rounding
+ * (g4_f32_to_bf16) of the same floats.
  */
 #include "matmul.cuh"
-
-/* The largest copy kept (bytes): decode steps and verify steps of up to
- * ~1,000 rows of GEGLU's 15,360 columns; larger steps (prefill) convert,
- * where a conversion is a small part of a matmul. */
-#define ACT_BF16_MAX_BYTES ((size_t) 32 << 20)
 
 __global__ void
 to_bf16_kernel(const float *x, int n, int K, int Kp, uint16_t *xb)
@@ -54,15 +48,9 @@ to_bf16(g4_cuda *c, const float *x, int n, int K, int Kp, uint16_t *xb)
 uint16_t *
 g4c_act_bf16_offer(g4_cuda *c, const float *y, int n, int K)
 {
-	size_t		bytes = (size_t) n * (size_t) K * 2;
-
 	c->act_bf16_of = NULL;
 	/* K a multiple of 64: the copy is already the padded [n][Kp] layout */
-	if (n <= 0 || K % 64 != 0 || bytes > ACT_BF16_MAX_BYTES)
-		return NULL;
-	/* no growth while a step graph records: its matmuls convert */
-	if (bytes > c->act_bf16_bytes &&
-		(c->capturing || !g4c_grow(c, &c->act_bf16, &c->act_bf16_bytes, ACT_BF16_MAX_BYTES, "bf16 activations")))
+	if (n <= 0 || K % 64 != 0 || (size_t) n * (size_t) K * 2 > G4C_ACT_BF16_BYTES)
 		return NULL;
 	c->act_bf16_of = y;
 	c->act_bf16_n = n;

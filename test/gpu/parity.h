@@ -111,6 +111,14 @@ g4_step_meta meta_of(const meta_buf *b);
 /* Both backends see the same step metadata. */
 void		both_step(const g4_step_meta *m);
 
+/* ---- the int4 matmul's path ------------------------------------------------------ */
+
+/* G4_MATMUL_I4 as the process started (a path forced by whoever runs the
+ * tests): what every case runs under unless it forces its own. */
+const char *matmul_initial_force(void);
+/* Force the int4 matmul's path (NULL: none). */
+void		matmul_force(const char *path);
+
 /* ---- random weights in every format, metrics ------------------------------------- */
 
 /* A random weight [out][in] in format fmt, its data (and scales) made on
@@ -241,6 +249,8 @@ enum
 enum
 {
 	PRODUCED_RMSNORM, PRODUCED_ADD_RMSNORM, PRODUCED_GEGLU,
+	PRODUCED_THEN_UPLOAD,		/* rmsnorm, then new rows uploaded over its output */
+	PRODUCED_THEN_KERNEL,		/* rmsnorm, then softcap in place on its output */
 };
 #define PRODUCED_N 1000
 #define PRODUCED(producer, n) (PRODUCED_N * PRODUCED_##producer + (n))

@@ -411,7 +411,9 @@ attention_describe(const parity_row *r, int i, char *label, size_t size)
 	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
 			 keqv ? " k_eq_v" : "", st->name, st->n[a->group], a->exact16 ? " exact-in" : "",
 			 a->full_rope ? " full-rope" : "");
-	return 2;
+	/* a projection of 256 columns or fewer stays float32 on the device
+	 * (nothing to take a copy): attention's check only */
+	return pool_heads(a) * hd > 256 ? 2 : 1;
 }
 
 /* The pool of the rows that share it; each group's context filled when a
@@ -441,9 +443,10 @@ attention_setup(const parity_row *r)
 
 /* metric 0: max |gpu - cpu| relative to max |cpu| of the output; 1: the
  * outputs of an int4 matmul over the GPU's output (as the o projection
- * follows attention) that differ between its first call, which takes the
- * bf16 copy the attention kernels write where they can (matmul_input.cu),
- * and its second, which converts */
+ * follows attention; on the warpgroup-MMA kernel, or the mma.sync gemm,
+ * at every row count: a path that reads bf16) that differ between its
+ * first call, which takes the bf16 copy the attention kernels write
+ * (matmul_input.cu), and its second, which converts */
 static void
 attention_run(const parity_row *r, void *fx, int i, double *metric)
 {
@@ -504,8 +507,10 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 	dy2 = gpu_alloc(ny * 4);
 	P_RUN(cpu_be, attention, &Lc, q, q_stride, n, oc);
 	P_RUN(gpu_be, attention, &Lg, dq, q_stride, n, dout);
+	matmul_force("wgmma");
 	P_RUN(gpu_be, matmul, wo, dout, n, dy);
 	P_RUN(gpu_be, matmul, wo, dout, n, dy2);
+	matmul_force(matmul_initial_force());
 	gpu_get(og, dout, olen * 4);
 	gpu_get(y, dy, ny * 4);
 	gpu_get(y2, dy2, ny * 4);
@@ -522,11 +527,20 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 	metric[0] = dmax / (vmax > 0 ? vmax : 1.0);
 }
 
+/* a row that failed midway may have left the matmul's path forced */
+static void
+attention_teardown(void *fx)
+{
+	(void) fx;
+	matmul_force(matmul_initial_force());
+}
+
 /* one kind per family, so that each can be run alone (a name each) */
 #define ATTENTION_KIND(family_) { \
 	.family = family_, \
 	.describe = attention_describe, \
 	.setup = attention_setup, \
+	.teardown = attention_teardown, \
 	.run = attention_run, \
 }
 

@@ -386,6 +386,34 @@ host_weight_make(g4_host_weight *w, int fmt, int64_t out, int64_t in)
 	w->scales = scales;
 }
 
+/* ---- the int4 matmul's path ------------------------------------------------------ */
+
+const char *
+matmul_initial_force(void)
+{
+	static int	read;
+	static char v[16];			/* the path names are shorter */
+
+	if (!read)
+	{
+		const char *e = getenv("G4_MATMUL_I4");
+
+		if (e)
+			snprintf(v, sizeof(v), "%s", e);
+		read = 1;
+	}
+	return v[0] ? v : NULL;
+}
+
+void
+matmul_force(const char *path)
+{
+	if (path)
+		setenv("G4_MATMUL_I4", path, 1);
+	else
+		unsetenv("G4_MATMUL_I4");
+}
+
 /* ---- measures ---------------------------------------------------------------------- */
 
 double

@@ -107,34 +107,6 @@ mm_error(const mm_weight *m, const float *x, int n, const float *yg)
 
 /* ---- one weight, row counts in turn ------------------------------------------------ */
 
-/* G4_MATMUL_I4 as the process started (a path forced by whoever runs the
- * tests): what every row runs under unless it forces its own. */
-static const char *
-initial_force(void)
-{
-	static int	read;
-	static char v[16];			/* the path names are shorter */
-
-	if (!read)
-	{
-		const char *e = getenv("G4_MATMUL_I4");
-
-		if (e)
-			snprintf(v, sizeof(v), "%s", e);
-		read = 1;
-	}
-	return v[0] ? v : NULL;
-}
-
-static void
-set_force(const char *path)
-{
-	if (path)
-		setenv("G4_MATMUL_I4", path, 1);
-	else
-		unsetenv("G4_MATMUL_I4");
-}
-
 static int
 matmul_describe(const parity_row *r, int i, char *label, size_t size)
 {
@@ -142,7 +114,7 @@ matmul_describe(const parity_row *r, int i, char *label, size_t size)
 
 	snprintf(label, size, "%s n=%d out=%lld%s in=%lld%s", g4_wfmt_name(a->fmt), r->each[i], (long long) mm_out(a),
 			 a->n_parts > 1 ? " (fused)" : "", (long long) a->in,
-			 a->force || initial_force() ? " (forced path)" : "");
+			 a->force || matmul_initial_force() ? " (forced path)" : "");
 	return 2;
 }
 
@@ -160,7 +132,7 @@ static void
 matmul_teardown(void *fx)
 {
 	(void) fx;
-	set_force(initial_force());
+	matmul_force(matmul_initial_force());
 }
 
 /* metric 0: the error against the CPU; 1: the outputs that differ between
@@ -186,10 +158,10 @@ matmul_run(const parity_row *r, void *fx, int i, double *metric)
 	gpu_be->ops->fill(gpu_be, dy, 0xff, ny * 4);
 	gpu_be->ops->fill(gpu_be, dy2, 0xff, ny * 4);
 	/* the row's own path, not that of the row whose weight it shares */
-	set_force(r->a.mm.force ? r->a.mm.force : initial_force());
+	matmul_force(r->a.mm.force ? r->a.mm.force : matmul_initial_force());
 	P_RUN(gpu_be, matmul, m->wg, dx, n, dy);
 	P_RUN(gpu_be, matmul, m->wg, dx, n, dy2);
-	set_force(initial_force());
+	matmul_force(matmul_initial_force());
 	gpu_get(yg, dy, ny * 4);
 	gpu_get(yg2, dy2, ny * 4);
 	metric[0] = mm_error(m, x, n, yg);
@@ -321,13 +293,17 @@ const parity_kind parity_matmul_reused = {
  * expansion (PRODUCED(producer, n)) runs the producer on the GPU, then the
  * matmul on its output twice: the first takes the copy, the second (the
  * first's launches end the copy) converts.  Metric 0: the first product
- * against the CPU's on the producer's output; 1: the outputs that differ
- * between the two (the copy is the conversion's bytes: none may).
+ * against the CPU's on the matmul's input; 1: the outputs that differ
+ * between the two (the copy is the conversion's bytes: none may).  Two
+ * expansions write the input again between the producer and the matmul
+ * (an upload of new rows; a soft-cap in place): the copy no longer stands
+ * for it, and a matmul that took it would miss metric 0's bound by far.
  */
 static int
 produced_describe(const parity_row *r, int i, char *label, size_t size)
 {
-	static const char *const names[] = {"rmsnorm", "add_rmsnorm", "geglu"};
+	static const char *const names[] = {"rmsnorm", "add_rmsnorm", "geglu", "rmsnorm, then an upload of new rows",
+	"rmsnorm, then a kernel writing its output"};
 	const mm_args *a = &r->a.mm;
 
 	snprintf(label, size, "after %s: %s n=%d out=%lld in=%lld%s", names[r->each[i] / PRODUCED_N],
@@ -362,16 +338,20 @@ produced_run(const parity_row *r, void *fx, int i, double *metric)
 	din = gpu_copy(in, nx * 2 * 4);
 	dw = gpu_copy(w, (size_t) K * 4);
 	dres = gpu_copy(in + nx, nx * 4);
-	set_force(r->a.mm.force ? r->a.mm.force : initial_force());
-	if (producer == PRODUCED_RMSNORM)
-		P_RUN(gpu_be, rmsnorm, din, dw, n, K, 1e-6f, dx);
-	else if (producer == PRODUCED_ADD_RMSNORM)
+	matmul_force(r->a.mm.force ? r->a.mm.force : matmul_initial_force());
+	if (producer == PRODUCED_ADD_RMSNORM)
 		P_RUN(gpu_be, add_rmsnorm, dres, din, dw, n, K, 1e-6f, 1.0f, dw, dx);
-	else
+	else if (producer == PRODUCED_GEGLU)
 		P_RUN(gpu_be, geglu, din, n, K, dx);
+	else
+		P_RUN(gpu_be, rmsnorm, din, dw, n, K, 1e-6f, dx);
+	if (producer == PRODUCED_THEN_UPLOAD)
+		gpu_put(dx, in + nx, nx * 4);
+	else if (producer == PRODUCED_THEN_KERNEL)
+		P_RUN(gpu_be, softcap, dx, nx, 0.5f);
 	P_RUN(gpu_be, matmul, m->wg, dx, n, dy);
 	P_RUN(gpu_be, matmul, m->wg, dx, n, dy2);
-	set_force(initial_force());
+	matmul_force(matmul_initial_force());
 	gpu_get(x, dx, nx * 4);
 	gpu_get(yg, dy, ny * 4);
 	gpu_get(yg2, dy2, ny * 4);
