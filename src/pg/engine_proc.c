@@ -607,8 +607,14 @@ serve(EngineProc *ep)
 			if (rc < 0 && (rc == G4_ERR_BACKEND || rc == G4_ERR_INTERNAL))
 				fail_and_exit(ep, G4F_FATAL, rc, err.msg);
 		}
+		/*
+		 * Idle is judged now, not by what was live at the top: a job the
+		 * threads finished during this pass may have been the last one,
+		 * and the next pass sleeps without a timeout.
+		 */
 		if (ep->stats_dirty &&
-			((!ep->api.has_work(ep->e) && !preparing) || now_seconds() - ep->stats_at >= STATS_INTERVAL))
+			((!ep->api.has_work(ep->e) && ep->pool.live == NULL) ||
+			 now_seconds() - ep->stats_at >= STATS_INTERVAL))
 			send_stats(ep);
 		flush_out(ep);
 	}

@@ -34,17 +34,26 @@ log_statement = none
 	return $node;
 }
 
-# Wait (up to 30 s) until no request is in flight and the KV pool is empty.
+# Wait until no request is in flight and the KV pool is empty (the
+# framework's timeout, 180 s by default); when it never happens, show
+# what is left.
 sub wait_idle
 {
 	my ($node) = @_;
 
-	return $node->poll_query_until(
+	return 1
+	  if $node->poll_query_until(
 		'postgres', q{
 SELECT NOT EXISTS (SELECT FROM gemma_requests)
    AND (SELECT sum(blocks_used) FROM gemma_kv_pool) = 0
    AND (SELECT max(sequences_live) FROM gemma_kv_pool) = 0
    AND (SELECT requests_active FROM gemma_stats) = 0});
+	foreach my $view ('gemma_requests', 'gemma_kv_pool', 'gemma_stats')
+	{
+		diag("$view:\n"
+			  . $node->safe_psql('postgres', "SELECT * FROM $view", extra_params => ['--expanded']));
+	}
+	return 0;
 }
 
 # Send a query to a background psql session without waiting for it.
