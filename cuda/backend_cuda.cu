@@ -878,6 +878,7 @@ static const g4_backend_ops cuda_ops = {
 	.kv_store = g4c_kv_store,
 	.attention = g4c_attention,
 	.geglu = g4c_geglu,
+	.matmul_geglu = g4c_matmul_geglu,
 	.add_rmsnorm = g4c_add_rmsnorm,
 	.embed_concat = g4c_embed_concat,
 	.argmax = g4c_argmax,

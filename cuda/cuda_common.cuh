@@ -280,6 +280,19 @@ g4c_mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 				 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* GELU, tanh approximation, each product and sum rounded as the CPU's
+ * (elementwise.c); shared by GEGLU and the matmul that applies it
+ * (g4c_matmul_geglu) */
+__device__ __forceinline__ float
+g4c_gelu_tanh(float x)
+{
+	const float beta = 0.7978845608028654f;
+	const float kappa = 0.044715f;
+	float		inner = __fmul_rn(beta, __fadd_rn(x, __fmul_rn(__fmul_rn(__fmul_rn(kappa, x), x), x)));
+
+	return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+}
+
 /* D = A(16x16 f16) * B(16x8 f16) + D, float32 accumulate. */
 __device__ __forceinline__ void
 g4c_mma_f16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
@@ -579,6 +592,8 @@ int			g4c_embed(g4_backend *be, const g4_weight *table, float scale, float *out)
 int			g4c_embed_concat(g4_backend *be, const g4_weight *table, float scale, const int32_t *ids,
 							 const float *h, int h_dim, int n, float *out);
 int			g4c_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
+int			g4c_matmul_geglu(g4_backend *be, const g4_weight *w, const float *x, int n, int ff, float *gu,
+							 float *out);
 int			g4c_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
 int			g4c_softcap(g4_backend *be, float *x, size_t count, float cap);
 /* embed_ops.cu */
@@ -608,7 +623,17 @@ int			g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_
 int			g4c_gemv_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 /* matmul_w4.cu / matmul_dense.cu */
 int			g4c_matmul(g4_backend *be, const g4_weight *w, const float *x, int n, float *y);
-int			g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
+
+/* GEGLU over a matmul's output y [n][2ff] into out [n][ff], applied where
+ * the matmul adds its partial sums (matmul.cuh) or after it */
+typedef struct
+{
+	int			ff;
+	float	   *out;
+} g4c_geglu_after;
+
+int			g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y,
+						  const g4c_geglu_after *gg);
 /* matmul_lt.cu */
 int			g4c_lt_init(g4_cuda *c);
 void		g4c_lt_free(g4_cuda *c);
@@ -618,7 +643,8 @@ int			g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, fl
 int			g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_f32(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 /* matmul_w4_wgmma.cu */
-int			g4c_matmul_i4_wgmma(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
+int			g4c_matmul_i4_wgmma(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y,
+								const g4c_geglu_after *gg);
 int			g4c_wgmma_probe(g4_cuda *c, int cc_major, int cc_minor);
 /* pack kernels (matmul_w4.cu / matmul_dense.cu): raw device rows [rows][in]
  * of a part placed at row `row0` of the packed weight */

@@ -118,16 +118,6 @@ g4c_embed_concat(g4_backend *be, const g4_weight *w, float scale, const int32_t 
 
 /* ---- GeGLU ---------------------------------------------------------------- */
 
-__device__ __forceinline__ float
-gelu_tanh(float x)
-{
-	const float beta = 0.7978845608028654f;
-	const float kappa = 0.044715f;
-	float		inner = __fmul_rn(beta, __fadd_rn(x, __fmul_rn(__fmul_rn(__fmul_rn(kappa, x), x), x)));
-
-	return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
-}
-
 /* outb: out's bf16 copy, or NULL (g4c_act_bf16_offer) */
 __global__ void
 geglu_kernel(const float *gu, int n, int ff, float *out, uint16_t *outb)
@@ -142,7 +132,7 @@ geglu_kernel(const float *gu, int n, int ff, float *out, uint16_t *outb)
 		size_t		t = i / (size_t) ff;
 		size_t		j = i - t * (size_t) ff;
 		const float *row = gu + t * 2 * (size_t) ff;
-		float		v = __fmul_rn(gelu_tanh(row[j]), row[j + (size_t) ff]);
+		float		v = __fmul_rn(g4c_gelu_tanh(row[j]), row[j + (size_t) ff]);
 
 		out[i] = v;
 		if (outb)

@@ -956,23 +956,62 @@ gemm_split_prepare(g4_cuda *c, const g4_weight *w, const float *x, int n, float 
 	return G4_OK;
 }
 
+/* out[t][j] = gelu_tanh(gate) · up, gate and up the sums of the ksplit
+ * partial products of y[t][j] and y[t][ff + j] in range order, as
+ * gemm_reduce_kernel adds them: bit for bit GEGLU of the matmul's output,
+ * without writing it.  outb: out's bf16 copy, or NULL. */
+static __global__ void
+gemm_reduce_geglu_kernel(const float *partial, int ksplit, int n, int ff, float *out, uint16_t *outb)
+{
+	size_t		count = (size_t) n * 2 * (size_t) ff;
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	for (size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < (size_t) n * ff;
+		 i += (size_t) gridDim.x * blockDim.x)
+	{
+		size_t		t = i / (size_t) ff;
+		size_t		at = i + t * (size_t) ff;	/* y[t][j] */
+		float		gate = __ldcg(partial + at),
+					up = __ldcg(partial + at + ff);
+		float		v;
+
+		for (int k = 1; k < ksplit; k++)
+		{
+			gate += __ldcg(partial + (size_t) k * count + at);
+			up += __ldcg(partial + (size_t) k * count + at + ff);
+		}
+		v = __fmul_rn(g4c_gelu_tanh(gate), up);
+		out[i] = v;
+		if (outb)
+			outb[i] = g4_f32_to_bf16(v);
+	}
+}
+
+/* The partial sums added into the caller's output, or with gg GEGLU
+ * applied to them into gg->out (the caller's output then left unwritten
+ * where K was split). */
 static inline int
-gemm_split_finish(g4_cuda *c, const gemm_plan *p)
+gemm_split_finish(g4_cuda *c, const gemm_plan *p, const g4c_geglu_after *gg)
 {
 	size_t		count = (size_t) p->a.n * (size_t) p->a.N;
 	size_t		blocks = (count + 255) / 256;
 
-	if (p->ksplit == 1)
-		return G4_OK;
 	if (blocks > (size_t) c->sm_count * 8)
 		blocks = (size_t) c->sm_count * 8;
+	if (p->ksplit == 1)
+		return gg ? g4c_geglu(&c->base, p->y, p->a.n, gg->ff, gg->out) : G4_OK;
+	if (gg)
+		return g4c_launch(c, "matmul (gemm partial sums, geglu)", gemm_reduce_geglu_kernel, dim3((unsigned) blocks),
+						  dim3(256), 0, (const float *) p->a.y, p->ksplit, p->a.n, gg->ff, gg->out,
+						  g4c_act_bf16_offer(c, gg->out, p->a.n, gg->ff));
 	return g4c_launch(c, "matmul (gemm partial sums)", gemm_reduce_kernel, dim3((unsigned) blocks), dim3(256), 0,
 					  (const float *) p->a.y, p->ksplit, count, p->y);
 }
 
 template <int FMT, int MI>
 int
-gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y, const g4c_geglu_after *gg)
 {
 	gemm_plan	p;
 	int			rc = gemm_split_prepare(c, w, x, n, y, GEMM_BM(MI), GEMM_BN / 16, gemm_cfg<FMT>::B_BYTES,
@@ -983,7 +1022,7 @@ gemm_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 	if (g4c_launch(c, "matmul (gemm)", gemm_kernel<FMT, MI>, p.grid, dim3(GEMM_THREADS),
 				   (size_t) gemm_smem_bytes<FMT, MI>(), p.a) != G4_OK)
 		return c->err_code;
-	return gemm_split_finish(c, &p);
+	return gemm_split_finish(c, &p, gg);
 }
 
 #endif

@@ -60,10 +60,10 @@ g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 	if (n <= 16)
 		return skinny_launch<G4C_W_BF16>(c, w, x, n, y);
 	if (n <= 32)
-		return gemm_launch<G4C_W_BF16, 2>(c, w, x, n, y);
+		return gemm_launch<G4C_W_BF16, 2>(c, w, x, n, y, NULL);
 	if (n <= 64)
-		return gemm_launch<G4C_W_BF16, 4>(c, w, x, n, y);
-	return gemm_launch<G4C_W_BF16, 8>(c, w, x, n, y);
+		return gemm_launch<G4C_W_BF16, 4>(c, w, x, n, y, NULL);
+	return gemm_launch<G4C_W_BF16, 8>(c, w, x, n, y, NULL);
 }
 
 /* ---- float32 --------------------------------------------------------------- */

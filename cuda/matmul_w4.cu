@@ -96,12 +96,15 @@ g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_s
  * 192 (run 22) */
 #define I4_LT_MIN_ROWS 160
 
+/* With gg, GEGLU of the product into gg->out: in the gemms' partial sums
+ * where K is split, else after the product. */
 int
-g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y, const g4c_geglu_after *gg)
 {
 	/* read at every call (~0.1 us beside a launch) so that bench-gpu can
 	 * switch paths within one process */
 	const char *force = getenv("G4_MATMUL_I4");
+	int			rc;
 
 	if (n <= 0)
 		return G4_OK;
@@ -110,16 +113,20 @@ g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 		force = NULL;
 	if (n <= I4_GEMV_MAX_ROWS &&
 		(force ? strcmp(force, "gemv") == 0 : n <= (c->wgmma ? I4_GEMV_MAX_ROWS_HOPPER : I4_GEMV_MAX_ROWS)))
-		return g4c_gemv_i4(c, w, x, n, y);
-	if (force ? strcmp(force, "lt") == 0 : n > (c->wgmma ? I4_WGMMA_MAX_ROWS : I4_LT_MIN_ROWS - 1))
-		return g4c_matmul_i4_lt(c, w, x, n, y);
-	if (c->wgmma && (force ? strcmp(force, "wgmma") == 0 : n <= I4_WGMMA_MAX_ROWS))
-		return g4c_matmul_i4_wgmma(c, w, x, n, y);
-	if (n <= 32)
-		return gemm_launch<G4C_W_I4, 2>(c, w, x, n, y);
-	if (n <= 64)
-		return gemm_launch<G4C_W_I4, 4>(c, w, x, n, y);
-	return gemm_launch<G4C_W_I4, 8>(c, w, x, n, y);
+		rc = g4c_gemv_i4(c, w, x, n, y);
+	else if (force ? strcmp(force, "lt") == 0 : n > (c->wgmma ? I4_WGMMA_MAX_ROWS : I4_LT_MIN_ROWS - 1))
+		rc = g4c_matmul_i4_lt(c, w, x, n, y);
+	else if (c->wgmma && (force ? strcmp(force, "wgmma") == 0 : n <= I4_WGMMA_MAX_ROWS))
+		return g4c_matmul_i4_wgmma(c, w, x, n, y, gg);
+	else if (n <= 32)
+		return gemm_launch<G4C_W_I4, 2>(c, w, x, n, y, gg);
+	else if (n <= 64)
+		return gemm_launch<G4C_W_I4, 4>(c, w, x, n, y, gg);
+	else
+		return gemm_launch<G4C_W_I4, 8>(c, w, x, n, y, gg);
+	if (rc != G4_OK || !gg)
+		return rc;
+	return g4c_geglu(&c->base, y, n, gg->ff, gg->out);
 }
 
 int
@@ -130,10 +137,26 @@ g4c_matmul(g4_backend *be, const g4_weight *w, const float *x, int n, float *y)
 	switch (w->kind)
 	{
 		case G4C_W_I4:
-			return g4c_matmul_i4(c, w, x, n, y);
+			return g4c_matmul_i4(c, w, x, n, y, NULL);
 		case G4C_W_BF16:
 			return g4c_matmul_bf16(c, w, x, n, y);
 		default:
 			return g4c_matmul_f32(c, w, x, n, y);
 	}
+}
+
+/* The MLP's gate/up product and GEGLU: int4 weights apply GEGLU where
+ * their K split's partial sums are added (one kernel fewer per layer in
+ * decode steps); the rest as the two operations. */
+int
+g4c_matmul_geglu(g4_backend *be, const g4_weight *w, const float *x, int n, int ff, float *gu, float *out)
+{
+	g4_cuda    *c = g4c_of(be);
+	g4c_geglu_after gg = {ff, out};
+	int			rc;
+
+	if (w->kind == G4C_W_I4)
+		return g4c_matmul_i4(c, w, x, n, gu, &gg);
+	rc = g4c_matmul(be, w, x, n, gu);
+	return rc != G4_OK ? rc : g4c_geglu(be, gu, n, ff, out);
 }

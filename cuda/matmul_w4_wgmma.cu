@@ -492,7 +492,7 @@ wgmma_maps(const gemm_args &a, wg_maps *m)
 
 template <int NTOK, int R>
 static int
-wgmma_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+wgmma_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y, const g4c_geglu_after *gg)
 {
 	gemm_plan	p;
 	wg_maps		m;
@@ -506,15 +506,15 @@ wgmma_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 	if (g4c_launch(c, "matmul (int4 wgmma)", w4_wgmma_kernel<NTOK, R>, p.grid, dim3(GEMM_THREADS),
 				   wgmma_smem_bytes<NTOK, R>(), p.a, m) != G4_OK)
 		return c->err_code;
-	return gemm_split_finish(c, &p);
+	return gemm_split_finish(c, &p, gg);
 }
 
 int
-g4c_matmul_i4_wgmma(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+g4c_matmul_i4_wgmma(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y, const g4c_geglu_after *gg)
 {
 	if (n <= 32)
-		return wgmma_launch<32, 2>(c, w, x, n, y);
+		return wgmma_launch<32, 2>(c, w, x, n, y, gg);
 	if (n <= 64)
-		return wgmma_launch<64, 2>(c, w, x, n, y);
-	return wgmma_launch<128, 1>(c, w, x, n, y);
+		return wgmma_launch<64, 2>(c, w, x, n, y, gg);
+	return wgmma_launch<128, 1>(c, w, x, n, y, gg);
 }

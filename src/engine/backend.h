@@ -200,6 +200,12 @@ typedef struct
 	/* out[n][ff] = gelu_tanh(gu[:, :ff]) * gu[:, ff:] */
 	int			(*geglu) (g4_backend *be, const float *gu, int n, int ff, float *out);
 
+	/* out[n][ff] = geglu of x[n][w.in] · wᵀ (w: gate and up fused, w.out =
+	 * 2 ff), exactly matmul into gu then geglu; gu [n][2ff] is the
+	 * backend's to use and holds nothing defined afterwards. */
+	int			(*matmul_geglu) (g4_backend *be, const g4_weight *w, const float *x, int n, int ff,
+								 float *gu, float *out);
+
 	/* x = (x + rmsnorm(h) * w) * scale   (residual add with post-norm); then,
 	 * when y is not NULL, y = rmsnorm(x) * next_w, the next block's input
 	 * norm, as rmsnorm would give it (y may alias h). */

@@ -172,8 +172,7 @@ decoder(g4_draft *d, int n, g4_err *err)
 		TRY(be->ops->attention(be, kv, d->q, ly->q_dim, n, d->attn));
 		TRY(be->ops->matmul(be, ly->o, d->attn, n, d->h));
 		TRY(be->ops->add_rmsnorm(be, d->x, d->h, ly->post_attn_norm, n, H, eps, 1.0f, ly->pre_ffn_norm, d->h));
-		TRY(be->ops->matmul(be, ly->gate_up, d->h, n, d->gu));
-		TRY(be->ops->geglu(be, d->gu, n, c->intermediate_size, d->act));
+		TRY(be->ops->matmul_geglu(be, ly->gate_up, d->h, n, c->intermediate_size, d->gu, d->act));
 		TRY(be->ops->matmul(be, ly->down, d->act, n, d->h));
 		TRY(be->ops->add_rmsnorm(be, d->x, d->h, ly->post_ffn_norm, n, H, eps, ly->layer_scalar,
 								 next ? next->attn_norm : NULL, next ? d->h : NULL));

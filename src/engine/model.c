@@ -213,8 +213,7 @@ mlp_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, const g4_layer *nex
 		int			rows = G4_MIN(slice, T - r0);
 		float	   *hx = ws->h + (size_t) r0 * H;
 
-		TRY(be->ops->matmul(be, ly->gate_up, hx, rows, ws->gu));
-		TRY(be->ops->geglu(be, ws->gu, rows, c->intermediate_size, ws->act));
+		TRY(be->ops->matmul_geglu(be, ly->gate_up, hx, rows, c->intermediate_size, ws->gu, ws->act));
 		TRY(be->ops->matmul(be, ly->down, ws->act, rows, hx));
 	}
 	TRY(be->ops->add_rmsnorm(be, ws->x, ws->h, ly->post_ffn_norm, T, c->hidden_size, eps, ly->layer_scalar,

@@ -366,3 +366,73 @@ const parity_kind parity_matmul_produced = {
 	.teardown = matmul_teardown,
 	.run = produced_run,
 };
+
+/* ---- the gate/up product and GEGLU as one operation ---------------------------- */
+
+/*
+ * matmul_geglu against matmul then geglu on the GPU, both checked against
+ * the CPU on their own (the rows above and parity_rowwise.c): where the
+ * int4 gemms split K, GEGLU is applied as the partial sums are added
+ * (matmul.cuh), and the output must be bit for bit the composition's.  The
+ * weight's two parts are gate and up, out = 2 ff.
+ */
+static void *
+matmul_geglu_setup(const parity_row *r)
+{
+	const mm_args *a = &r->a.mm;
+	g4_host_weight parts[2];
+	int			p;
+
+	for (p = 0; p < 2; p++)
+		host_weight_make(&parts[p], a->fmt, a->outs[p], a->in);
+	return p_weight(gpu_be, parts, 2);
+}
+
+static int
+matmul_geglu_describe(const parity_row *r, int i, char *label, size_t size)
+{
+	const mm_args *a = &r->a.mm;
+
+	snprintf(label, size, "%s n=%d ff=%lld in=%lld%s", g4_wfmt_name(a->fmt), r->each[i], (long long) a->outs[0],
+			 (long long) a->in, a->force ? " (forced path)" : "");
+	return 1;
+}
+
+/* metric: the outputs that differ from matmul then geglu */
+static void
+matmul_geglu_run(const parity_row *r, void *fx, int i, double *metric)
+{
+	const g4_weight *w = fx;
+	int			n = r->each[i],
+				ff = (int) r->a.mm.outs[0];
+	size_t		nx = (size_t) n * (size_t) r->a.mm.in,
+				ngu = (size_t) n * 2 * (size_t) ff,
+				no = (size_t) n * (size_t) ff;
+	float	   *x = p_malloc(nx * 4),
+			   *o = p_malloc(no * 4),
+			   *o2 = p_malloc(no * 4);
+	float	   *dx,
+			   *dgu = gpu_alloc(ngu * 4),
+			   *dout = gpu_alloc(no * 4),
+			   *dout2 = gpu_alloc(no * 4);
+
+	fill_normal(x, nx, 1.0f);
+	dx = gpu_copy(x, nx * 4);
+	gpu_be->ops->fill(gpu_be, dout, 0xff, no * 4);
+	set_force(r->a.mm.force ? r->a.mm.force : initial_force());
+	P_RUN(gpu_be, matmul_geglu, w, dx, n, ff, dgu, dout);
+	P_RUN(gpu_be, matmul, w, dx, n, dgu);
+	P_RUN(gpu_be, geglu, dgu, n, ff, dout2);
+	set_force(initial_force());
+	gpu_get(o, dout, no * 4);
+	gpu_get(o2, dout2, no * 4);
+	metric[0] = count_differing_words(o, o2, no);
+}
+
+const parity_kind parity_matmul_geglu = {
+	.family = "matmul_int4",
+	.describe = matmul_geglu_describe,
+	.setup = matmul_geglu_setup,
+	.teardown = matmul_teardown,
+	.run = matmul_geglu_run,
+};

@@ -38,6 +38,7 @@
 #define WHY_FLOAT "float32-class: float32 products of the dequantised weights, in another order"
 #define WHY_REPEAT "exact: outputs differing between two calls (deterministic reductions)"
 #define WHY_PRODUCED "exact: outputs differing from the product of the producer's output converted"
+#define WHY_GEGLU_FUSED "exact: outputs differing from matmul then geglu (each checked against the CPU above)"
 #define WHY_COPY "exact: elements differing (rows copied, dequantised and scaled alike)"
 #define WHY_ARGMAX "exact: rows differing (ties to the first, NaN at 0 kept, elsewhere never, all -inf: 0)"
 #define WHY_NORM "float32-class: float32 sums of squares in another order"
@@ -174,6 +175,22 @@ const parity_row parity_table[] = {
 	{.kind = &parity_matmul_produced, .a.mm = {G4_W_I4G32, 1, {512}, 3840, "gemm"},
 	 EACH(PRODUCED(RMSNORM, 40), PRODUCED(GEGLU, 40)),
 	 .check = {{"matmul produced", NULL, 8e-3, WHY_BF16}, {"matmul produced same", NULL, 0.0, WHY_PRODUCED}}},
+
+	/*
+	 * The gate/up product and GEGLU as one operation (matmul_geglu): the
+	 * 12B's shape at the GEMV's rows (4), wgmma's with K split in two (16,
+	 * 64) and cuBLASLt's (520); a narrow one whose K splits in many ranges
+	 * (16 rows), and the mma.sync gemm forced; bit for bit matmul then
+	 * geglu (seed 15).
+	 */
+	{.kind = &parity_matmul_geglu, .a.mm = {G4_W_I4G32, 2, {15360, 15360}, 3840}, EACH(4, 16, 64, 520),
+	 CHECK1("matmul_geglu", 0.0, WHY_GEGLU_FUSED), .seed = 15},
+	{.kind = &parity_matmul_geglu, .a.mm = {G4_W_I4G32, 2, {512, 512}, 3840}, EACH(16, 100),
+	 CHECK1("matmul_geglu", 0.0, WHY_GEGLU_FUSED)},
+	{.kind = &parity_matmul_geglu, .a.mm = {G4_W_I4G32, 2, {512, 512}, 3840, "gemm"}, EACH(40),
+	 CHECK1("matmul_geglu", 0.0, WHY_GEGLU_FUSED)},
+	{.kind = &parity_matmul_geglu, .a.mm = {G4_W_BF16, 2, {700, 700}, 640}, EACH(5, 64),
+	 CHECK1("matmul_geglu", 0.0, WHY_GEGLU_FUSED)},
 
 	/* ---- matmul: bf16 (seed 2) ---- */
 	{MM(bf16, G4_W_BF16, 1, {9000}, 3840), EACH(1, 5, 16), MATMUL(3e-5, WHY_GEMV), .seed = 2, .share = 10},

@@ -199,6 +199,7 @@ static const g4_backend_ops cpu_ops = {
 	.kv_store = g4_cpu_kv_store,
 	.attention = g4_cpu_attention,
 	.geglu = g4_cpu_geglu,
+	.matmul_geglu = g4_cpu_matmul_geglu,
 	.add_rmsnorm = g4_cpu_add_rmsnorm,
 	.embed_concat = g4_cpu_embed_concat,
 	.argmax = g4_cpu_argmax,

@@ -75,6 +75,8 @@ int			g4_cpu_embed(g4_backend *be, const g4_weight *table, float scale, float *o
 int			g4_cpu_embed_concat(g4_backend *be, const g4_weight *table, float scale, const int32_t *ids,
 								const float *h, int h_dim, int n, float *out);
 int			g4_cpu_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
+int			g4_cpu_matmul_geglu(g4_backend *be, const g4_weight *w, const float *x, int n, int ff, float *gu,
+								float *out);
 int			g4_cpu_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
 int			g4_cpu_softcap(g4_backend *be, float *x, size_t count, float cap);
 /* norm_rope.c */

@@ -122,6 +122,14 @@ g4_cpu_geglu(g4_backend *be, const float *gu, int n, int ff, float *out)
 	return G4_OK;
 }
 
+int
+g4_cpu_matmul_geglu(g4_backend *be, const g4_weight *w, const float *x, int n, int ff, float *gu, float *out)
+{
+	int			rc = g4_cpu_matmul(be, w, x, n, gu);
+
+	return rc != G4_OK ? rc : g4_cpu_geglu(be, gu, n, ff, out);
+}
+
 /* ---- logit rows, soft-cap ---- */
 
 int
