@@ -419,11 +419,11 @@ matmul_geglu_run(const parity_row *r, void *fx, int i, double *metric)
 	fill_normal(x, nx, 1.0f);
 	dx = gpu_copy(x, nx * 4);
 	gpu_be->ops->fill(gpu_be, dout, 0xff, no * 4);
-	set_force(r->a.mm.force ? r->a.mm.force : initial_force());
+	matmul_force(r->a.mm.force ? r->a.mm.force : matmul_initial_force());
 	P_RUN(gpu_be, matmul_geglu, w, dx, n, ff, dgu, dout);
 	P_RUN(gpu_be, matmul, w, dx, n, dgu);
 	P_RUN(gpu_be, geglu, dgu, n, ff, dout2);
-	set_force(initial_force());
+	matmul_force(matmul_initial_force());
 	gpu_get(o, dout, no * 4);
 	gpu_get(o2, dout2, no * 4);
 	metric[0] = count_differing_words(o, o2, no);
