@@ -267,6 +267,7 @@ typedef struct
 	const float *in;			/* matmul operands: workspace buffers of the right size */
 	float	   *out;
 	int			which;			/* a layer's matmul (MM_*): w is the next such layer's on each call */
+	int			geglu;			/* gate_up and GEGLU as one operation (matmul_geglu), as the step */
 } op_arg;
 
 enum
@@ -296,8 +297,7 @@ next_layer_weight(int *l, int which)
 
 enum
 {
-	OP_MATMUL, OP_RMSNORM, OP_HEADNORM, OP_STORE, OP_ATTN, OP_GEGLU, OP_ADDNORM, OP_EMBED, OP_SOFTCAP,
-	OP_GATHER
+	OP_MATMUL, OP_RMSNORM, OP_HEADNORM, OP_STORE, OP_ATTN, OP_ADDNORM, OP_EMBED, OP_SOFTCAP, OP_GATHER
 };
 
 static void
@@ -315,7 +315,10 @@ run_op(void *p)
 		case OP_MATMUL:
 			if (a->which != MM_NONE)
 				a->w = next_layer_weight(&a->layer, a->which);
-			be->ops->matmul(be, a->w, a->in, n, a->out);
+			if (a->geglu)
+				be->ops->matmul_geglu(be, a->w, a->in, n, c->intermediate_size, a->out, D.ws.act);
+			else
+				be->ops->matmul(be, a->w, a->in, n, a->out);
 			break;
 		case OP_RMSNORM:
 			be->ops->rmsnorm(be, D.ws.x, ly->attn_norm, n, c->hidden_size, 1e-6f, D.ws.h);
@@ -336,9 +339,6 @@ run_op(void *p)
 			break;
 		case OP_ATTN:
 			be->ops->attention(be, kv, D.ws.qkv, stride, n, D.ws.attn);
-			break;
-		case OP_GEGLU:
-			be->ops->geglu(be, D.ws.gu, g4_mlp_slice_rows(&D.ws, n), c->intermediate_size, D.ws.act);
 			break;
 		case OP_ADDNORM:
 			be->ops->add_rmsnorm(be, D.ws.x, D.ws.h, ly->post_attn_norm, n, c->hidden_size, 1e-6f, 1.0f,
@@ -425,10 +425,9 @@ breakdown(int seqs, int tps, int ctx)
 			{"matmul o sliding", OP_MATMUL, 20},
 			{"matmul o full", OP_MATMUL, 21},
 			{"add_rmsnorm + next norm (x2/layer)", OP_ADDNORM, 0},
-			{"matmul gate_up", OP_MATMUL, 30},
-			{"geglu", OP_GEGLU, 0},
+			{"matmul gate_up + geglu", OP_MATMUL, 30},
 			{"matmul down", OP_MATMUL, 40},
-			{"matmul gate_up, later MLP slices", OP_MATMUL, 32},
+			{"matmul gate_up + geglu, later MLP slices", OP_MATMUL, 32},
 			{"matmul down, later MLP slices", OP_MATMUL, 42},
 			{"embed", OP_EMBED, 2},
 			{"gather logit rows", OP_GATHER, 2},
@@ -452,8 +451,6 @@ breakdown(int seqs, int tps, int ctx)
 				per = 2;
 			if (ops[k].what == OP_ADDNORM)
 				per = 2 * c->n_layers;
-			if (ops[k].what == OP_GEGLU)
-				per = c->n_layers * G4_DIV_UP(n, g4_mlp_slice_rows(&D.ws, n));
 			if (ops[k].what == OP_MATMUL)
 			{
 				const g4_layer *ly = &D.m->layers[a.layer];
@@ -476,6 +473,7 @@ breakdown(int seqs, int tps, int ctx)
 						a.w = ly->gate_up;
 						a.in = D.ws.h;
 						a.out = D.ws.gu;
+						a.geglu = 1;
 						a.n = g4_mlp_slice_rows(&D.ws, n);
 						per = c->n_layers * (later ? G4_DIV_UP(n, a.n) - 1 : 1);
 						break;
