@@ -750,22 +750,29 @@ tc_kernel(int hd, int k_eq_v, int dtype, int rg, int *smem)
 	return NULL;
 }
 
-/* Raise a kernel's dynamic shared-memory limit once per process. */
+/* Raise a kernel's dynamic shared-memory limit to the most it was asked
+ * for (its size may depend on the layer's query heads per KV head). */
 static int
 allow_smem(g4_cuda *c, attn_kernel_fn fn, int bytes)
 {
 	static attn_kernel_fn done[32];
+	static int	done_bytes[32];
 	static int	n_done;
 	int			i;
 
 	if (bytes <= 48 * 1024)
 		return G4_OK;
 	for (i = 0; i < n_done; i++)
-		if (done[i] == fn)
+		if (done[i] == fn && done_bytes[i] >= bytes)
 			return G4_OK;
 	G4C_CHECK(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-	if (n_done < 32)
+	for (i = 0; i < n_done; i++)
+		if (done[i] == fn)
+			break;
+	if (i == n_done && n_done < 32)
 		done[n_done++] = fn;
+	if (i < n_done)
+		done_bytes[i] = bytes;
 	return G4_OK;
 }
 
