@@ -108,18 +108,22 @@ struct dec_state
 };
 
 /* Qᵀ as the B operand: column gr = query row gr (zero past gq), reduction
- * index {2tq, 2tq+1 | 2tq+8, 2tq+9} of step s = dims HD/4·tq + 4s + {0,1 | 2,3}. */
+ * index {2tq, 2tq+1 | 2tq+8, 2tq+9} of step s = dims HD/4·tq + 4s + {0,1 | 2,3};
+ * kept in shared memory, entry [s][lane], and read at each k-step: in 32
+ * registers they made the 4-blocks-per-SM build spill (at 3, 4, 5 and 6
+ * blocks per SM: 96.0, 77.6, 125.0 and 177.1 us per sliding layer at 64
+ * sequences, runs 93–94; from shared memory 70.6 at 4, run 95). */
 template <int HD>
 __device__ __forceinline__ void
-dec_query_fragments(const float *qs, int gq, int gr, int tq, uint32_t qf[][2])
+dec_query_fragments(const float *qs, int gq, int gr, int tq, int lane, uint2 *qfs)
 {
 #pragma unroll
 	for (int s = 0; s < dec_geom<HD>::KSTEPS; s++)
 	{
 		const float *qr = qs + gr * HD + (HD / 4) * tq + 4 * s;
 
-		qf[s][0] = gr < gq ? g4c_pack_f16(qr[0], qr[1]) : 0u;
-		qf[s][1] = gr < gq ? g4c_pack_f16(qr[2], qr[3]) : 0u;
+		qfs[s * 32 + lane] = make_uint2(gr < gq ? g4c_pack_f16(qr[0], qr[1]) : 0u,
+										gr < gq ? g4c_pack_f16(qr[2], qr[3]) : 0u);
 	}
 }
 
@@ -130,7 +134,7 @@ dec_query_fragments(const float *qs, int gq, int gr, int tq, uint32_t qf[][2])
  * HD/16 was the longest wait of a pool block. */
 template <int HD>
 __device__ __forceinline__ void
-dec_scores(const dec_raw<HD> &r, const uint32_t qf[][2], float s[4])
+dec_scores(const dec_raw<HD> &r, const uint2 *qfs, int lane, float s[4])
 {
 	float		acc[DEC_CHAINS][4] = {};
 
@@ -142,7 +146,9 @@ dec_scores(const dec_raw<HD> &r, const uint32_t qf[][2], float s[4])
 		uint32_t	af[4] = {i8x2_to_f16x2(w0, 0x4140u), i8x2_to_f16x2(w1, 0x4140u),
 		i8x2_to_f16x2(w0, 0x4342u), i8x2_to_f16x2(w1, 0x4342u)};
 
-		g4c_mma_f16(acc[k % DEC_CHAINS], af, qf[k][0], qf[k][1]);
+		uint2		q = qfs[k * 32 + lane];
+
+		g4c_mma_f16(acc[k % DEC_CHAINS], af, q.x, q.y);
 	}
 #pragma unroll
 	for (int i = 0; i < 4; i++)
@@ -298,7 +304,8 @@ attn_decode_kernel(attn_args a)
 {
 	extern __shared__ __align__(16) unsigned char sm_raw[];
 	float	   *qs = reinterpret_cast<float *>(sm_raw);	/* [gq][HD]: queries, then the output rows */
-	float	   *ws = qs + a.gq * HD;	/* [warps][gq][HD + 2]: the warps' states */
+	uint2	   *qfs = reinterpret_cast<uint2 *>(qs + a.gq * HD);	/* [KSTEPS][32]: their fragments */
+	float	   *ws = reinterpret_cast<float *>(qfs + dec_geom<HD>::KSTEPS * 32);	/* [warps][gq][HD + 2]: the warps' states */
 	int			t = blockIdx.x / a.n_kv;
 	int			g = blockIdx.x % a.n_kv;
 	int			split = blockIdx.y;
@@ -312,7 +319,6 @@ attn_decode_kernel(attn_args a)
 				slot,
 				b_begin,
 				b_end;
-	uint32_t	qf[dec_geom<HD>::KSTEPS][2];
 	dec_state<HD> st;
 
 	g4c_pdl_trigger();
@@ -325,7 +331,9 @@ attn_decode_kernel(attn_args a)
 	__syncthreads();
 	if (a.rotated)
 		hadamard_rows<HD>(qs, gq, HD);
-	dec_query_fragments<HD>(qs, gq, gr, tq, qf);
+	if (warp == 0)
+		dec_query_fragments<HD>(qs, gq, gr, tq, lane, qfs);
+	__syncthreads();
 #pragma unroll
 	for (int i = 0; i < dec_geom<HD>::MT; i++)
 		st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
@@ -359,7 +367,7 @@ attn_decode_kernel(attn_args a)
 			if (pos < lo || pos >= hi)
 				r.vs[j] = 0;
 		}
-		dec_scores<HD>(r, qf, s);
+		dec_scores<HD>(r, qfs, lane, s);
 		dec_softmax<HD>(r, s, b * G4_KV_BLOCK_TOKENS, lo, hi, a.scale, gr, st, p);
 		dec_transpose_p(p, gr, tq, pb);
 		dec_accumulate<HD>(r, pb, st);
@@ -371,19 +379,21 @@ attn_decode_kernel(attn_args a)
 }
 
 /*
- * Two builds of one kernel: held to 168 registers an SM holds 3 blocks;
- * held to 128 (64 bytes spilled) it holds 4.  With
- * `groups` (token, KV head) pairs to serve, 4 per SM pay where the step
- * fills a wave of 3 per SM without splitting (64 sequences of Gemma 4:
- * 113.7 -> 89.8 us per sliding layer), and cost where it does not (16:
- * 38.8 -> 42.2 us, more splits merged); run 42, test/bench/RESULTS.md.
+ * Two builds of one kernel: as it needs (144 registers) an SM holds 3
+ * blocks; held to 128 (no spills since the query fragments moved to shared
+ * memory) it holds 4.  With `groups` (token, KV head) pairs to serve, 4 per
+ * SM pay where the step fills a wave of 3 per SM without splitting (64
+ * sequences of Gemma 4: 113.7 -> 89.8 us per sliding layer in run 42, 96.0
+ * -> 70.6 in runs 93 and 95), and cost where it does not (16: 38.8 -> 42.2
+ * us, more splits merged; run 42); test/bench/RESULTS.md.  Held to 96
+ * registers for 5 per SM, it spills and is slower (run 95).
  */
 attn_kernel_fn
 attn_decode_kernel_for(int hd, int dtype, int k_eq_v, int gq, int groups, int sm_count, int *smem)
 {
 	if (dtype != G4_KV_TURBOQUANT_K8V4 || k_eq_v || gq < 1 || gq > 8 || hd != 256)
 		return NULL;
-	*smem = (gq * hd + DEC_WARPS * gq * (hd + 2)) * (int) sizeof(float);
+	*smem = (gq * hd + DEC_WARPS * gq * (hd + 2)) * (int) sizeof(float) + (hd / 16) * 32 * (int) sizeof(uint2);
 	if (groups >= 3 * sm_count)
 		return attn_decode_kernel<256, 4>;
 	return attn_decode_kernel<256, 3>;
