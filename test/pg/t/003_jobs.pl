@@ -129,13 +129,20 @@ sub wait_reconnected
 	die 'the server did not come back after the crash';
 }
 
+# A job over docs.  Its prompt expression sleeps 10 ms and adds nothing to
+# the prompt (pg_sleep's void is the empty string); the worker evaluates it
+# when it reads a row and again when it writes the answer, so a worker does
+# at most ~50 rows a second however fast the engine answers, and a pause, a
+# cancel or a fault lands while most rows are still to do (unpaced, a pause
+# once took effect after 280 of the 300 rows: too few left to see the
+# resumed job move).
 sub start_job
 {
 	my ($workers) = @_;
 	$workers //= 1;
 	return $node->safe_psql('postgres',
-		"SELECT gemma_job_create('docs', 'summary', \$\$'Summarize: ' || body\$\$, options => $GEN, workers => $workers)"
-	);
+		"SELECT gemma_job_create('docs', 'summary', \$\$'Summarize: ' || body || pg_sleep(0.01)::text\$\$, "
+		  . "options => $GEN, workers => $workers)");
 }
 
 # ---- a job equals gemma_generate row by row ---------------------------------
@@ -187,6 +194,7 @@ sub start_job
 			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
 		'pause: the worker stops');
 	my $done = $node->safe_psql('postgres', "SELECT rows_done FROM gemma_jobs WHERE job = $job");
+	note("pause: paused after $done of $ROWS rows");
 	sleep 1;
 	is($node->safe_psql('postgres', "SELECT state, rows_done, rows_in_progress FROM gemma_jobs WHERE job = $job"),
 		"paused|$done|0", 'pause: nothing moves, nothing is claimed');
