@@ -758,17 +758,15 @@ allow_smem(g4_cuda *c, attn_kernel_fn fn, int bytes)
 	static attn_kernel_fn done[32];
 	static int	done_bytes[32];
 	static int	n_done;
-	int			i;
+	int			i = 0;
 
 	if (bytes <= 48 * 1024)
 		return G4_OK;
-	for (i = 0; i < n_done; i++)
-		if (done[i] == fn && done_bytes[i] >= bytes)
-			return G4_OK;
+	while (i < n_done && done[i] != fn)
+		i++;
+	if (i < n_done && done_bytes[i] >= bytes)
+		return G4_OK;
 	G4C_CHECK(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-	for (i = 0; i < n_done; i++)
-		if (done[i] == fn)
-			break;
 	if (i == n_done && n_done < 32)
 		done[n_done++] = fn;
 	if (i < n_done)
