@@ -238,11 +238,10 @@ wg_dequant_step(const uint4 &w, uint32_t s_lo, uint32_t s_hi, int s, uint32_t af
 				step = s & 1;
 	uint32_t	wg = grp ? w.y : w.x;
 	uint32_t	wg8 = grp ? w.w : w.z;
-	uint32_t	lo = grp ? s_lo >> 16 : s_lo & 0xffff;
-	uint32_t	hi = grp ? s_hi >> 16 : s_hi & 0xffff;
+	uint32_t	dup = grp ? 0x3232u : 0x1010u;	/* the group's bf16 scale in both halves */
+	uint32_t	lo = __byte_perm(s_lo, 0, dup);
+	uint32_t	hi = __byte_perm(s_hi, 0, dup);
 
-	lo |= lo << 16;
-	hi |= hi << 16;
 	af[0] = g4c_bf16_mul2(g4c_i4_pair(wg, 2 * step), lo);
 	af[1] = g4c_bf16_mul2(g4c_i4_pair(wg8, 2 * step), hi);
 	af[2] = g4c_bf16_mul2(g4c_i4_pair(wg, 2 * step + 1), lo);
