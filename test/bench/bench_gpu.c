@@ -5,7 +5,7 @@
  * operations g4_model_forward issues, plus the backend's step graphs and
  * device argmax).
  *
- *   bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq]
+ *   bench-gpu --model DIR [--what ops,decode,prefill,capacity,knockout] [--kv bf16|tq]
  *             [--ops-n 1,64,2048] [--ops-tokens T] [--matmul-n 17,32,...]
  *             [--lt-algos N]
  *
@@ -27,6 +27,9 @@
  *           (--matmul-n: other row counts, the GEMV's from 1 to 16;
  *           --lt-algos N: cuBLASLt alone, with each of its heuristic's
  *           first N algorithms, G4_LT_ALGO).
+ * knockout  each kind of operation's share of the recorded decode step
+ *           (B = 1, 16, 64 at 2k): the step timed with that kind left out
+ *           (bench_knockout), against the whole step.
  * capacity  for bf16 and turboquant_k8v4: how many 262,144-token sequences
  *           the pool's accounting says fit next to the weights at 95 % of
  *           device memory, then that many reserved at full length and
@@ -525,6 +528,148 @@ breakdown(int seqs, int tps, int ctx)
 	free(tok);
 }
 
+/* ---- in-step breakdown by knockout ---------------------------------------------- */
+
+/*
+ * What each kind of operation costs inside the recorded step graph, where
+ * `ops` (each kernel alone, back to back) overstates small kernels and
+ * cannot see how neighbours overlap: the decode step is timed with one kind
+ * left out (the backend's entry for it replaced by one that issues nothing,
+ * the graphs recorded anew under another tag) and the difference to the
+ * whole step is that kind's share.  Caveats: the data downstream of a
+ * left-out operation is garbage (no operation's launch geometry depends on
+ * data); leaving out a producer of the bf16 copy a matmul takes (norms,
+ * GEGLU, attention) makes that matmul convert its input itself, about 1.2 us
+ * more per matmul (run 80), counted against the kind; and the shares need
+ * not add up to the step, since a left-out kernel also takes its waits and
+ * overlaps with it.
+ */
+enum
+{
+	KO_NONE, KO_ATTN_SLIDING, KO_ATTN_FULL, KO_QKV, KO_O, KO_GATE_UP, KO_DOWN, KO_LM_HEAD, KO_NORMS,
+	KO_ROPE_STORE, KO_COUNT
+};
+
+static const char *const ko_names[KO_COUNT] = {
+	"(none)", "attention sliding", "attention full", "matmul qkv", "matmul o", "matmul gate_up + geglu",
+	"matmul down", "matmul lm head", "rmsnorm, add_rmsnorm", "q/k/v norm+rope, kv_store"
+};
+
+static const g4_backend_ops *ko_real;
+static g4_backend_ops ko_ops;
+static int	ko_what;
+
+static int
+ko_graph_begin(g4_backend *b, uint64_t tag)
+{
+	return ko_real->graph_begin(b, tag ^ ((uint64_t) ko_what << 48));
+}
+
+/* which layer weight w is, or the LM head */
+static int
+ko_matmul_kind(const g4_weight *w)
+{
+	for (int l = 0; l < D.m->cfg.n_layers; l++)
+	{
+		const g4_layer *ly = &D.m->layers[l];
+
+		if (w == ly->qkv)
+			return KO_QKV;
+		if (w == ly->o)
+			return KO_O;
+		if (w == ly->gate_up)
+			return KO_GATE_UP;
+		if (w == ly->down)
+			return KO_DOWN;
+	}
+	return KO_LM_HEAD;
+}
+
+static int
+ko_matmul(g4_backend *b, const g4_weight *w, const float *x, int n, float *y)
+{
+	return ko_matmul_kind(w) == ko_what ? G4_OK : ko_real->matmul(b, w, x, n, y);
+}
+
+static int
+ko_matmul_geglu(g4_backend *b, const g4_weight *w, const float *x, int n, int ff, float *gu, float *out)
+{
+	return ko_what == KO_GATE_UP ? G4_OK : ko_real->matmul_geglu(b, w, x, n, ff, gu, out);
+}
+
+static int
+ko_attention(g4_backend *b, const g4_kv_layer *L, const float *q, int q_stride, int n, float *out)
+{
+	int			kind = L->group == G4_KVG_SLIDING ? KO_ATTN_SLIDING : KO_ATTN_FULL;
+
+	return kind == ko_what ? G4_OK : ko_real->attention(b, L, q, q_stride, n, out);
+}
+
+static int
+ko_rmsnorm(g4_backend *b, const float *x, const float *w, int rows, int dim, float eps, float *y)
+{
+	return ko_what == KO_NORMS ? G4_OK : ko_real->rmsnorm(b, x, w, rows, dim, eps, y);
+}
+
+static int
+ko_add_rmsnorm(g4_backend *b, float *x, const float *h, const float *w, int n, int dim, float eps, float scale,
+			   const float *next_w, float *y)
+{
+	return ko_what == KO_NORMS ? G4_OK : ko_real->add_rmsnorm(b, x, h, w, n, dim, eps, scale, next_w, y);
+}
+
+static int
+ko_head_norm_rope(g4_backend *b, float *x, int n, int stride, int hd, const g4_head_run *runs, int n_runs, float eps)
+{
+	return ko_what == KO_ROPE_STORE ? G4_OK : ko_real->head_norm_rope(b, x, n, stride, hd, runs, n_runs, eps);
+}
+
+static int
+ko_kv_store(g4_backend *b, const g4_kv_layer *L, const float *k, int k_stride, const float *v, int v_stride, int n)
+{
+	return ko_what == KO_ROPE_STORE ? G4_OK : ko_real->kv_store(b, L, k, k_stride, v, v_stride, n);
+}
+
+static void
+bench_knockout(void)
+{
+	static const int batches[] = {1, 16, 64};
+
+	ko_real = be->ops;
+	ko_ops = *ko_real;
+	ko_ops.graph_begin = ko_graph_begin;
+	ko_ops.matmul = ko_matmul;
+	ko_ops.matmul_geglu = ko_matmul_geglu;
+	ko_ops.attention = ko_attention;
+	ko_ops.rmsnorm = ko_rmsnorm;
+	ko_ops.add_rmsnorm = ko_add_rmsnorm;
+	ko_ops.head_norm_rope = ko_head_norm_rope;
+	ko_ops.kv_store = ko_kv_store;
+	be->ops = &ko_ops;
+	for (size_t i = 0; i < G4_ARRAY_LEN(batches); i++)
+	{
+		int			B = batches[i];
+		double		bytes,
+					whole = 0;
+
+		for (ko_what = KO_NONE; ko_what < KO_COUNT; ko_what++)
+		{
+			double		dt = decode_run(B, 2048, B == 1 ? 64 : 24, 1, &bytes);
+
+			if (ko_what == KO_NONE)
+				whole = dt;
+			printf("BENCH knockout kv=%s batch=%d ctx=2048 left_out=\"%s\" ms_per_step=%.3f in_step_ms=%.3f "
+				   "share=%.3f\n", kv_name(kv_dtype), B, ko_names[ko_what], dt * 1e3, (whole - dt) * 1e3,
+				   (whole - dt) / whole);
+			if (ko_what != KO_NONE)
+				note("in step B=%-3d %-28s %7.3f ms of %.3f", B, ko_names[ko_what], (whole - dt) * 1e3, whole * 1e3);
+			fflush(stdout);
+		}
+	}
+	ko_what = KO_NONE;
+	be->ops = ko_real;
+}
+
 /* ---- int4 matmuls by row count ------------------------------------------------ */
 
 /* A sliding layer's four int4 matmuls at n rows on the path G4_MATMUL_I4
@@ -762,7 +907,7 @@ main(int argc, char **argv)
 				ops_tokens = 1,
 				lt_algos = 0;
 	const char *model = NULL;
-	const char *what = "ops,decode,prefill,capacity";
+	const char *what = "ops,decode,knockout,prefill,capacity";
 	g4_err		err;
 	int			i;
 	char		name[256];
@@ -793,7 +938,7 @@ main(int argc, char **argv)
 	}
 	if (!model || ops_tokens < 1 || ops_tokens > 8)
 	{
-		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,prefill,capacity] [--kv bf16|tq] [--ops-n LIST] [--ops-tokens T] [--matmul-n LIST] [--lt-algos N]\n");
+		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,prefill,capacity,knockout] [--kv bf16|tq] [--ops-n LIST] [--ops-tokens T] [--matmul-n LIST] [--lt-algos N]\n");
 		return 2;
 	}
 	if (g4_backend_cuda_create(0, &be, &err) != G4_OK)
@@ -813,6 +958,8 @@ main(int argc, char **argv)
 		bench_matmul(matmul_n, n_matmul, lt_algos);
 	if (strstr(what, "decode"))
 		bench_decode();
+	if (strstr(what, "knockout"))
+		bench_knockout();
 	if (strstr(what, "prefill"))
 		bench_prefill();
 	if (strstr(what, "capacity"))
