@@ -7,7 +7,8 @@
 # parity    every GPU operation against the CPU backend (build/run-gpu-tests:
 #           the rows of parity_table.c, which G4_PARITY_LIST=1 lists without a
 #           GPU; and the model tests)
-# bench     per-operation and per-step figures on the 12B shape (bench-gpu)
+# bench     per-operation, in-step (knockout) and per-step figures on the 12B
+#           shape (bench-gpu)
 # hf        transformers on the same 12B-shaped checkpoint, side by side
 # sanitize  compute-sanitizer memcheck on one parity test
 # engine    the whole engine (scheduler, step graphs, device sampling) through
@@ -110,7 +111,7 @@ fi
 
 if has bench; then
 	say "bench-gpu (log: bench.log)"
-	timeout 330 "$BIN/bench-gpu" --model "$M12B" ${BENCH_WHAT:+--what $BENCH_WHAT} >"$LOGS/bench.log" 2>&1
+	timeout 400 "$BIN/bench-gpu" --model "$M12B" ${BENCH_WHAT:+--what $BENCH_WHAT} >"$LOGS/bench.log" 2>&1
 	echo "exit $?" >>"$LOGS/bench.log"
 fi
 
