@@ -394,7 +394,7 @@ attn_decode_kernel(attn_args a)
 }
 
 /*
- * Two builds of one kernel: as it needs (144 registers) an SM holds 3
+ * Two builds of one kernel: as it needs (147 registers) an SM holds 3
  * blocks; held to 128 (no spills since the query fragments moved to shared
  * memory) it holds 4.  With `groups` (token, KV head) pairs to serve, 4 per
  * SM pay where the step fills a wave of 3 per SM without splitting (64

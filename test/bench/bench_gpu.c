@@ -5,7 +5,7 @@
  * operations g4_model_forward issues, plus the backend's step graphs and
  * device argmax).
  *
- *   bench-gpu --model DIR [--what ops,decode,prefill,capacity,knockout] [--kv bf16|tq]
+ *   bench-gpu --model DIR [--what ops,decode,knockout,prefill,capacity] [--kv bf16|tq]
  *             [--ops-n 1,64,2048] [--ops-tokens T] [--matmul-n 17,32,...]
  *             [--lt-algos N]
  *
@@ -938,7 +938,7 @@ main(int argc, char **argv)
 	}
 	if (!model || ops_tokens < 1 || ops_tokens > 8)
 	{
-		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,prefill,capacity,knockout] [--kv bf16|tq] [--ops-n LIST] [--ops-tokens T] [--matmul-n LIST] [--lt-algos N]\n");
+		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,knockout,prefill,capacity] [--kv bf16|tq] [--ops-n LIST] [--ops-tokens T] [--matmul-n LIST] [--lt-algos N]\n");
 		return 2;
 	}
 	if (g4_backend_cuda_create(0, &be, &err) != G4_OK)
