@@ -24,12 +24,10 @@
  *        splits head_dim over four warps per 16 rows (partial q·k summed
  *        through shared memory, each warp owning a quarter of the output).
  *        Prefill, and decode of layers with many query heads per KV head.
- *        On k_eq_v layers, the prefill runs' blocks come as f16 tile images
- *        made once per layer (keqv_tile_images) instead of being rebuilt
- *        by every block of query rows.
  *
  * Prefill chunks go to attention_prefill.cu: the tc kernel's numerics,
- * FlashAttention-2 style; decode and verify steps on the turboquant pool
+ * FlashAttention-2 style; on k_eq_v layers, prefill runs go to
+ * attention_gemm.cu (two cuBLASLt products around a softmax); decode and verify steps on the turboquant pool
  * (a few tokens per sequence) to attention_decode.cu and
  * attention_decode_full.cu.  The choice: choose_kernel.
  *
@@ -306,12 +304,11 @@ attn_tc_kernel(attn_args a)
 	float		o[NT_O][4];
 	float		mrow[2] = {-INFINITY, -INFINITY},
 				lrow[2] = {0.0f, 0.0f};
-	/* the run's first tile image, or -1: rebuild from the pool */
-	int			img0;
 
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
-	img0 = G::TILE_IMAGES && a.keqv_tiles ? a.tile_base[t0] : -1;
+	if (a.gemm_runs && a.tile_base[t0] >= 0)
+		return;
 	tile_row_ranges(a, t0, ntok, G::R, rlo, rhi, kr);
 	if (KEQV)
 	{
@@ -337,40 +334,23 @@ attn_tc_kernel(attn_args a)
 		int			lo1 = rlo[16 * rg + gr + 8],
 					hi1 = rhi[16 * rg + gr + 8];
 		tc_raw<HD, DT, KEQV, RG> raw;
-		tc_tile_copy<HD, G::NTH> img;
 
 		lo0 = max(lo0, ks);
 		lo1 = max(lo1, ks);
 		hi0 = min(hi0, ke);
 		hi1 = min(hi1, ke);
-		if (img0 >= 0)
-			img.load(a.keqv_tiles + keqv_tile_offset(img0 + b0, a.n_kv, g, HD));
-		else
-			tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b0, raw);
+		tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b0, raw);
 		for (int b = b0; b <= b1; b++)
 		{
 			float		sacc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 
-			/* an image's keys outside [ks, ke) hold their values, not the
-			 * zeros of a rebuilt block: their scores are masked, so both
-			 * give the same probabilities and sums */
-			if (img0 >= 0)
-				img.store(Ks);
-			else
-			{
-				tc_store_block<HD, DT, KEQV, RG>(a, b, ks, ke, raw, Ks, Vs, knorm_s, invf_s);
-				if (!raw.ok && threadIdx.x == 0)
-					atomicOr(a.status, G4C_STATUS_KV_MISSING);
-			}
+			tc_store_block<HD, DT, KEQV, RG>(a, b, ks, ke, raw, Ks, Vs, knorm_s, invf_s);
+			if (!raw.ok && threadIdx.x == 0)
+				atomicOr(a.status, G4C_STATUS_KV_MISSING);
 			__syncthreads();
 			/* the next block's bytes travel while this one is used */
 			if (b < b1)
-			{
-				if (img0 >= 0)
-					img.load(a.keqv_tiles + keqv_tile_offset(img0 + b + 1, a.n_kv, g, HD));
-				else
-					tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b + 1, raw);
-			}
+				tc_load_raw<HD, DT, KEQV, RG>(a, slot, g, b + 1, raw);
 
 			/* partial q·k over this warp's quarter of the head */
 #pragma unroll
@@ -536,55 +516,6 @@ attn_tc_kernel(attn_args a)
 	}
 }
 
-/*
- * The tile images of the step's k_eq_v prefill runs (keqv_tile_runs in
- * backend_cuda.cu; runs[4r..4r+3] = slot, first tile, tiles, keys): one
- * block per (tile, KV head), the very bytes the tc kernel's own
- * tc_store_block would make of the pool block, keys past the run's zero.
- * Blocks past the last run's tiles (the grid is a power of two, for step
- * graphs) do nothing.
- */
-template <int HD, int DT>
-__global__ void __launch_bounds__(128)
-attn_keqv_tiles_kernel(attn_args a, const int32_t *runs, int n_runs, uint8_t *images)
-{
-	int			tile = blockIdx.x;
-	int			g = blockIdx.y;
-	int			r = 0;
-
-	g4c_pdl_trigger();
-	g4c_pdl_wait();
-	while (r < n_runs && tile >= runs[4 * r + 1] + runs[4 * r + 2])
-		r++;
-	if (r < n_runs)
-	{
-		int			b = tile - runs[4 * r + 1];
-		uint8_t    *img = images + keqv_tile_offset(tile, a.n_kv, g, HD);
-		tc_raw<HD, DT, true, 1> raw;
-
-		tc_load_raw<HD, DT, true, 1>(a, runs[4 * r], g, b, raw);
-		tc_store_block<HD, DT, true, 1>(a, b, 0, runs[4 * r + 3], raw, img, img + 32 * HD, a.knorm, a.inv_freq);
-		if (!raw.ok && threadIdx.x == 0)
-			atomicOr(a.status, G4C_STATUS_KV_MISSING);
-	}
-}
-
-static attn_keqv_tiles_fn
-keqv_tiles_kernel(int hd, int dtype)
-{
-	if (hd != 512)
-		return NULL;
-	switch (dtype)
-	{
-		case G4_KV_F32:
-			return attn_keqv_tiles_kernel<512, G4_KV_F32>;
-		case G4_KV_BF16:
-			return attn_keqv_tiles_kernel<512, G4_KV_BF16>;
-		default:
-			return attn_keqv_tiles_kernel<512, G4_KV_TURBOQUANT_K8V4>;
-	}
-}
-
 /* ==== merge ====================================================================== */
 
 /* One block per (group, row, chunk of 128 head dims): group = the attention
@@ -624,7 +555,7 @@ attn_merge_kernel(attn_args a, int rows, int chunks)
 		t0 = group / a.n_kv;
 		ntok = 1;
 	}
-	if (r / a.gq >= ntok)
+	if (r / a.gq >= ntok || (a.gemm_runs && a.tile_base[t0] >= 0))
 		return;
 	dst = a.out + (size_t) (t0 + r / a.gq) * a.out_stride + (size_t) (g * a.gq + r % a.gq) * a.hd;
 	for (int s = threadIdx.x; s < a.S; s += blockDim.x)
@@ -872,8 +803,8 @@ typedef struct
 								 * split count is chosen for (0: its blocks) */
 	int			token_splits;	/* float32: each token splits its own span
 								 * (attn_simt_splits) */
-	int			tile_images;	/* tc on k_eq_v prefill tiles: prefill runs'
-								 * keys as tile images (keqv_tile_images) */
+	int			tc;				/* the tensor-core kernel: k_eq_v prefill runs
+								 * may go to attention_gemm.cu instead */
 	int			out_bf16;		/* unsplit, it writes out's bf16 copy too
 								 * (attn_args.out_bf16) */
 } attn_choice;
@@ -909,6 +840,9 @@ typedef struct
  *    a step of one token with few query heads per KV head, which the
  *    float32 kernel serves faster (the 12B-shaped decode step at batch 1:
  *    150 tok/s, 136 on tensor cores; run 16);
+ *    where it is chosen on a k_eq_v layer, the step's prefill runs go to
+ *    the cuBLASLt products of attention_gemm.cu (their key and value rows
+ *    within its memory bound), the tc kernel keeping the other tokens;
  *  - float32 for the rest.
  */
 static int
@@ -993,7 +927,7 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 	if (tc && (gq >= 8 || n >= 2 || !simt || gq > gqmax))
 	{
 		ch->fn = tc;
-		ch->tile_images = L->k_eq_v && rg == 4;
+		ch->tc = 1;
 		ch->name = "attention (tensor cores)";
 		ch->threads = 128 * rg;
 		ch->rows = 16 * rg;
@@ -1016,43 +950,54 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 	return G4_OK;
 }
 
-/*
- * The tile images of this layer's prefill runs into a->keqv_tiles (left
- * NULL when the step has none or they would pass KEQV_TILES_MAX_BYTES: the
- * tc kernel then rebuilds every block it reads).  The grid and the buffer
- * are sized for c->keqv_tile_grid, the power of two above the step's tile
- * count that the step graph's key holds.
- */
-#define KEQV_TILES_MAX_BYTES ((size_t) 512 << 20)
-
+/* The chosen kernel over the step (and its split merge); with a->gemm_runs
+ * it skips the prefill runs' tiles, and writes no bf16 copy of out, which
+ * attention_gemm.cu's rows would leave stale. */
 static int
-keqv_tile_images(g4_cuda *c, attn_args *a)
+attention_launch(g4_cuda *c, const g4_kv_layer *L, int n, const attn_choice *ch, attn_args *a)
 {
-	static const char *env;
-	static int	env_read;
-	attn_keqv_tiles_fn fn = keqv_tiles_kernel(a->hd, a->dtype);
-	int			grid = c->keqv_tile_grid;
-	size_t		bytes;
-	uint8_t    *img;
+	int			hd = L->head_dim;
+	int			groups;
 
-	if (!env_read)
+	groups = (ch->level >= 0 ? c->n_tiles[ch->level] : n) * a->n_kv;
 	{
-		/* G4_ATTN_TILES=off: every block rebuilds its keys (benchmarks) */
-		env = getenv("G4_ATTN_TILES");
-		env_read = 1;
+		int			split_base = ch->split_rows > 0 ? ch->split_rows * a->n_kv : groups;
+
+		if (ch->token_splits)
+			a->S = attn_simt_splits(c->span_bucket[L->group]);
+		else
+			a->S = choose_splits(c, split_base, c->span_bucket[L->group], ch->per_sm, ch->min_keys);
+		if (ch->waves)
+		{
+			int			resident = resident_per_sm(c, ch->fn, ch->threads, ch->smem);
+
+			if (resident <= 0)
+				return c->err_code;
+			a->S = min(a->S, choose_splits_waves(split_base, c->span_bucket[L->group], resident * c->sm_count,
+											   ch->min_keys));
+		}
 	}
-	if (!fn || c->n_keqv_tiles <= 0 || (env && strcmp(env, "off") == 0))
-		return G4_OK;
-	bytes = keqv_tile_offset(grid, a->n_kv, 0, a->hd);
-	if (bytes > KEQV_TILES_MAX_BYTES)
-		return G4_OK;
-	img = (uint8_t *) g4c_grow(c, &c->keqv_tiles, &c->keqv_tiles_bytes, bytes, "k_eq_v tile images");
-	if (!img)
+	if (a->S > 1)
+	{
+		a->partial = (float *) g4c_scratch(c, (size_t) groups * a->S * ch->rows * (hd + 2) * sizeof(float));
+		if (!a->partial)
+			return c->err_code;
+	}
+	if (allow_smem(c, ch->fn, ch->smem) != G4_OK)
 		return c->err_code;
-	if (g4c_launch(c, "attention (k_eq_v tile images)", fn, dim3((unsigned) grid, (unsigned) a->n_kv), dim3(128), 0,
-				   *a, (const int32_t *) c->d_tile_runs, c->n_tile_runs, img) != G4_OK)
+	/* the bf16 copy of out for the o matmul, from the kernel that writes
+	 * out last */
+	a->out_bf16 = a->S == 1 && ch->out_bf16 && !a->gemm_runs ? g4c_act_bf16_offer(c, a->out, n, a->out_stride) : NULL;
+	if (g4c_launch(c, ch->name, ch->fn, dim3(groups, a->S), dim3(ch->threads), (size_t) ch->smem, *a) != G4_OK)
 		return c->err_code;
-	a->keqv_tiles = img;
+	if (a->S > 1)
+	{
+		int			chunks = (a->rotated || hd < 256) ? 1 : hd / 128;
+
+		a->out_bf16 = a->gemm_runs ? NULL : g4c_act_bf16_offer(c, a->out, n, a->out_stride);
+		return g4c_launch(c, "attention (merge)", attn_merge_kernel, dim3(groups * ch->rows * chunks), dim3(128),
+						  ((a->S + 3) / 4 * 4 + hd) * sizeof(float), *a, ch->rows, chunks);
+	}
 	return G4_OK;
 }
 
@@ -1065,7 +1010,6 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	attn_choice ch;
 	int			hd = L->head_dim;
 	int			gq;
-	int			groups;
 
 	if (!c->kv_configured || L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads != 0)
 		return G4_ERR_INTERNAL;
@@ -1103,47 +1047,18 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.partial = NULL;
 	a.tiles = ch.level >= 0 ? c->d_tiles[ch.level] : NULL;
 	a.tile_base = c->d_tile_base;
-	a.keqv_tiles = NULL;
-	if (ch.tile_images && L->group == G4_KVG_FULL && keqv_tile_images(c, &a) != G4_OK)
-		return c->err_code;
-	groups = (ch.level >= 0 ? c->n_tiles[ch.level] : n) * a.n_kv;
+	a.gemm_runs = ch.tc && L->group == G4_KVG_FULL && g4c_attention_gemm_serves(c, &a);
+	if (a.gemm_runs)
 	{
-		int			split_base = ch.split_rows > 0 ? ch.split_rows * a.n_kv : groups;
+		/* the runs' tokens on cuBLASLt; the tc kernel for the others, if any */
+		const int32_t *runs = c->h_meta + (c->d_tile_runs - c->d_meta);
+		int			rest = n;
 
-		if (ch.token_splits)
-			a.S = attn_simt_splits(c->span_bucket[L->group]);
-		else
-			a.S = choose_splits(c, split_base, c->span_bucket[L->group], ch.per_sm, ch.min_keys);
-		if (ch.waves)
-		{
-			int			resident = resident_per_sm(c, ch.fn, ch.threads, ch.smem);
-
-			if (resident <= 0)
-				return c->err_code;
-			a.S = min(a.S, choose_splits_waves(split_base, c->span_bucket[L->group], resident * c->sm_count,
-											   ch.min_keys));
-		}
-	}
-	if (a.S > 1)
-	{
-		a.partial = (float *) g4c_scratch(c, (size_t) groups * a.S * ch.rows * (hd + 2) * sizeof(float));
-		if (!a.partial)
+		for (int r = 0; r < c->n_tile_runs; r++)
+			rest -= runs[G4C_RUN_INTS * r + 5];
+		if (rest > 0 && attention_launch(c, L, n, &ch, &a) != G4_OK)
 			return c->err_code;
+		return g4c_attention_gemm(c, &a);
 	}
-	if (allow_smem(c, ch.fn, ch.smem) != G4_OK)
-		return c->err_code;
-	/* the bf16 copy of out for the o matmul, from the kernel that writes
-	 * out last */
-	a.out_bf16 = a.S == 1 && ch.out_bf16 ? g4c_act_bf16_offer(c, out, n, a.out_stride) : NULL;
-	if (g4c_launch(c, ch.name, ch.fn, dim3(groups, a.S), dim3(ch.threads), (size_t) ch.smem, a) != G4_OK)
-		return c->err_code;
-	if (a.S > 1)
-	{
-		int			chunks = (a.rotated || hd < 256) ? 1 : hd / 128;
-
-		a.out_bf16 = g4c_act_bf16_offer(c, out, n, a.out_stride);
-		return g4c_launch(c, "attention (merge)", attn_merge_kernel, dim3(groups * ch.rows * chunks), dim3(128),
-						  ((a.S + 3) / 4 * 4 + hd) * sizeof(float), a, ch.rows, chunks);
-	}
-	return G4_OK;
+	return attention_launch(c, L, n, &ch, &a);
 }

@@ -67,15 +67,21 @@ struct attn_args
 	int			S;				/* splits (gridDim.y) */
 	float	   *partial;		/* [group][split][row][hd + 2] when S > 1 */
 	unsigned   *status;
-	/* tc, k_eq_v: the prefill runs' keys and values as f16 tile images
-	 * (attn_keqv_tiles_kernel), or NULL; per token its run's first tile,
-	 * -1 for tokens outside the runs */
-	const uint8_t *keqv_tiles;
+	/* per token its k_eq_v prefill run's first 16-key tile, -1 for tokens
+	 * outside the runs (backend_cuda.cu, keqv_tile_runs) */
 	const int32_t *tile_base;
+	/* the prefill runs' rows are attention_gemm.cu's: the tc kernel skips
+	 * their tiles */
+	int			gemm_runs;
 };
 
 typedef void (*attn_kernel_fn) (attn_args);
-typedef void (*attn_keqv_tiles_fn) (attn_args, const int32_t *, int, uint8_t *);
+
+/* attention_gemm.cu: whether its products serve this layer's prefill runs
+ * (the step has some, and their key and value rows fit its bound), and
+ * those runs' attention into a->out */
+int			g4c_attention_gemm_serves(const g4_cuda *c, const attn_args *a);
+int			g4c_attention_gemm(g4_cuda *c, const attn_args *a);
 
 /* attention_prefill.cu: its kernel for this geometry, or NULL */
 attn_kernel_fn g4c_attention_prefill_kernel(int hd, int k_eq_v, int dtype, int gq, int *rows, int *threads, int *smem);
@@ -538,8 +544,6 @@ struct tc_geom
 	static constexpr int STAGE_BYTES = ROT ? R * HD * 4 : 0;
 	static constexpr int MAIN_BYTES = Q_BYTES + (KV_BYTES > STAGE_BYTES ? KV_BYTES : STAGE_BYTES);
 	static constexpr int SMEM = MAIN_BYTES + SX_BYTES + (HD + HD / 2) * 4 + R * 8;
-	/* prefill tiles (64 rows) of k_eq_v layers read tile images */
-	static constexpr bool TILE_IMAGES = KEQV && RG == 4;
 };
 
 /* Raw bytes of one thread's pieces of one pool block. */
@@ -600,11 +604,22 @@ raw_elem(const uint8_t *p, int e, float s)
 	return g4_kv_k8_value(reinterpret_cast<const int8_t *>(p)[e], s);
 }
 
-/* Decode the raw pieces into Ks / Vs (f16, swizzled).  Positions outside
+/* Byte offset of element (row, d) of a 16-bit [rows][HD] tile: swizzled
+ * (swz) for the tensor-core kernels' shared memory, plain row-major rows
+ * for cuBLASLt's operands (attention_gemm.cu). */
+template <int HD, bool PLAIN>
+__device__ __forceinline__ int
+tile_off(int row, int d)
+{
+	return PLAIN ? (row * HD + d) * 2 : swz<HD>(row, d);
+}
+
+/* Decode the raw pieces into Ks / Vs (f16, swizzled, or plain rows when
+ * PLAIN).  Positions outside
  * the block's key range [ks, ke) may hold anything (never written, or left
  * by a finished sequence): they become zeros, since a masked probability of
  * 0 times a NaN value would still be NaN. */
-template <int HD, int DT, bool KEQV, int RG>
+template <int HD, int DT, bool KEQV, int RG, bool PLAIN = false>
 __device__ __forceinline__ void
 tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, KEQV, RG> &raw, unsigned char *Ks,
 			   unsigned char *Vs, const float *knorm_s, const float *invf_s)
@@ -652,9 +667,9 @@ tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, K
 				for (int e = 0; e < 8; e++)
 					ky[e] = vy[e] = 0.0f;
 			}
-			*reinterpret_cast<uint4 *>(Ks + swz<HD>(j, d + HD / 2)) =
+			*reinterpret_cast<uint4 *>(Ks + tile_off<HD, PLAIN>(j, d + HD / 2)) =
 				make_uint4(g4c_pack_f16(ky[0], ky[1]), g4c_pack_f16(ky[2], ky[3]), g4c_pack_f16(ky[4], ky[5]), g4c_pack_f16(ky[6], ky[7]));
-			*reinterpret_cast<uint4 *>(Vs + swz<HD>(j, d + HD / 2)) =
+			*reinterpret_cast<uint4 *>(Vs + tile_off<HD, PLAIN>(j, d + HD / 2)) =
 				make_uint4(g4c_pack_f16(vy[0], vy[1]), g4c_pack_f16(vy[2], vy[3]), g4c_pack_f16(vy[4], vy[5]), g4c_pack_f16(vy[6], vy[7]));
 		}
 		else if (live)
@@ -673,47 +688,12 @@ tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, K
 					vx[e] = raw_elem<DT, G::EB>(raw.v[i], e, 0.0f);
 			}
 		}
-		*reinterpret_cast<uint4 *>(Ks + swz<HD>(j, d)) =
+		*reinterpret_cast<uint4 *>(Ks + tile_off<HD, PLAIN>(j, d)) =
 			make_uint4(g4c_pack_f16(kx[0], kx[1]), g4c_pack_f16(kx[2], kx[3]), g4c_pack_f16(kx[4], kx[5]), g4c_pack_f16(kx[6], kx[7]));
-		*reinterpret_cast<uint4 *>(Vs + swz<HD>(j, d)) =
+		*reinterpret_cast<uint4 *>(Vs + tile_off<HD, PLAIN>(j, d)) =
 			make_uint4(g4c_pack_f16(vx[0], vx[1]), g4c_pack_f16(vx[2], vx[3]), g4c_pack_f16(vx[4], vx[5]), g4c_pack_f16(vx[6], vx[7]));
 	}
 }
-
-/* Byte offset of the tile image of (tile, KV head g) in a layer's images:
- * [tile][KV head][64·hd bytes]; of tile `tiles`, g = 0, the buffer's size. */
-static inline __host__ __device__ size_t
-keqv_tile_offset(int tile, int n_kv, int g, int hd)
-{
-	return ((size_t) tile * (size_t) n_kv + (size_t) g) * 64 * (size_t) hd;
-}
-
-/*
- * A 16-key tile image: the bytes tc_store_block writes to Ks then Vs
- * (swizzled f16 rows, 64·HD bytes), made once per layer for a prefill run by
- * attn_keqv_tiles_kernel, so that the blocks of query rows reading the run
- * copy them rather than rebuild RoPE(v ⊙ k_norm) each.  A thread's share:
- * U uint4, loaded for the next tile while this one is used.
- */
-template <int HD, int NTH>
-struct tc_tile_copy
-{
-	static constexpr int U = 64 * HD / 16 / NTH;
-	uint4		v[U];
-
-	__device__ __forceinline__ void load(const uint8_t *img)
-	{
-#pragma unroll
-		for (int i = 0; i < U; i++)
-			v[i] = __ldcg(reinterpret_cast<const uint4 *>(img) + threadIdx.x + i * NTH);
-	}
-	__device__ __forceinline__ void store(unsigned char *KVs) const
-	{
-#pragma unroll
-		for (int i = 0; i < U; i++)
-			reinterpret_cast<uint4 *>(KVs)[threadIdx.x + i * NTH] = v[i];
-	}
-};
 
 /* attention_decode.cu: the decode kernel for this geometry and `groups`
  * (token, KV head) pairs on sm_count SMs, or NULL; *smem its dynamic

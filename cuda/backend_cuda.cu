@@ -188,8 +188,8 @@ cu_destroy(g4_backend *be)
 		cudaFree(c->scratch);
 	if (c->act_bf16)
 		cudaFree(c->act_bf16);
-	if (c->keqv_tiles)
-		cudaFree(c->keqv_tiles);
+	if (c->keqv_rows)
+		cudaFree(c->keqv_rows);
 	if (c->counters)
 		cudaFree(c->counters);
 	g4c_lt_free(c);
@@ -222,7 +222,7 @@ cu_held_bytes(g4_backend *be)
 {
 	g4_cuda    *c = g4c_of(be);
 
-	return c->scratch_bytes + c->keqv_tiles_bytes + (c->act_bf16 ? G4C_ACT_BF16_BYTES : 0) + c->counters_n * sizeof(unsigned) +
+	return c->scratch_bytes + c->keqv_rows_bytes + (c->act_bf16 ? G4C_ACT_BF16_BYTES : 0) + c->counters_n * sizeof(unsigned) +
 		c->meta_ints * sizeof(int32_t) +
 		g4c_lt_held_bytes(c) + (size_t) c->cap_ids * sizeof(int32_t) +
 		(size_t) c->cap_rows * sizeof(g4_row_sampling) + (size_t) c->cap_suppress * sizeof(int32_t) +
@@ -608,12 +608,11 @@ meta_reserve(g4_cuda *c, int n, int n_logits)
 }
 
 /*
- * The prefill runs whose k_eq_v keys and values the full layers' tensor-core
- * kernel reads as f16 tiles made once per layer (attention.cu,
- * keqv_tile_images), not rebuilt by every block of query rows: each run of
- * at least G4C_KEQV_TILE_MIN_RUN consecutive tokens of one sequence whose
- * full-group ranges start at key 0.  base[t]: the first tile of token t's run, or -1;
- * runs: (slot, first tile, tiles, keys) per run.
+ * The prefill runs whose attention on k_eq_v layers is two cuBLASLt
+ * products over key and value rows made once per layer (attention_gemm.cu):
+ * each run of at least G4C_KEQV_TILE_MIN_RUN consecutive tokens of one
+ * sequence whose full-group ranges start at key 0.  base[t]: the first tile of token t's run, or -1;
+ * runs: (slot, first tile, tiles, keys, first token, tokens) per run.
  */
 #define G4C_KEQV_TILE_MIN_RUN 64
 
@@ -640,13 +639,15 @@ keqv_tile_runs(g4_cuda *c, const g4_step_meta *m, int32_t *base, int32_t *runs)
 		}
 		if (e - t >= G4C_KEQV_TILE_MIN_RUN && from_zero && keys > 0)
 		{
-			int32_t    *r = runs + 4 * (size_t) c->n_tile_runs++;
+			int32_t    *r = runs + G4C_RUN_INTS * (size_t) c->n_tile_runs++;
 
 			first = c->n_keqv_tiles;
 			r[0] = m->slot[t];
 			r[1] = first;
 			r[2] = (keys + G4_KV_BLOCK_TOKENS - 1) / G4_KV_BLOCK_TOKENS;
 			r[3] = keys;
+			r[4] = t;
+			r[5] = e - t;
 			c->n_keqv_tiles += r[2];
 		}
 		for (; t < e; t++)
@@ -730,6 +731,16 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 	for (l = 0; l < G4C_TPC_LEVELS; l++)
 		key = mix(key, (uint64_t) c->n_tiles[l]);
 	key = mix(mix(key, (uint64_t) c->n_tile_runs), (uint64_t) c->keqv_tile_grid);
+	/* the runs' products on cuBLASLt (attention_gemm.cu) are sized by
+	 * their tokens' key ranges */
+	for (l = 0; l < c->n_tile_runs; l++)
+	{
+		const int32_t *r = h + (c->d_tile_runs - c->d_meta) + G4C_RUN_INTS * (size_t) l;
+
+		key = mix(mix(key, (uint64_t) r[4]), (uint64_t) r[5]);
+		for (t = r[4]; t < r[4] + r[5]; t++)
+			key = mix(mix(key, (uint64_t) m->lo[G4_KVG_FULL][t]), (uint64_t) m->hi[G4_KVG_FULL][t]);
+	}
 	c->step_key = key;
 	return G4_OK;
 }

@@ -113,16 +113,18 @@ typedef struct
 	int32_t    *d_tiles[G4C_TPC_LEVELS];	/* first token of each tile, then n */
 	int			n_tiles[G4C_TPC_LEVELS];
 	int			span_bucket[G4_KVG_COUNT];	/* pow2 >= the longest visible range */
-	/* k_eq_v keys and values as f16 tiles for prefill runs (attention.cu,
-	 * keqv_tile_images): per token its run's first tile or -1; per run
-	 * (slot, first tile, tiles, keys) */
+	/* k_eq_v prefill runs, whose attention attention_gemm.cu computes over
+	 * f16 key and value rows made once per layer: per token its run's first
+	 * 16-key tile or -1; per run G4C_RUN_INTS ints (slot, first tile,
+	 * tiles, keys, first token, tokens), the host's copy in h_meta too */
 	int32_t    *d_tile_base, *d_tile_runs;
 	int			n_tile_runs;
 	int			n_keqv_tiles;	/* 16-key tiles of all runs */
-	int			keqv_tile_grid; /* the power of two above it: the images'
-								 * grid and buffer, in the step graph's key */
-	void	   *keqv_tiles;		/* grows outside graph capture only */
-	size_t		keqv_tiles_bytes;
+	int			keqv_tile_grid; /* the power of two above it: the rows
+								 * kernel's grid and the rows' buffer, in the
+								 * step graph's key */
+	void	   *keqv_rows;		/* grows outside graph capture only */
+	size_t		keqv_rows_bytes;
 
 	/* scratch (grows outside graph capture only) */
 	void	   *scratch;
@@ -188,6 +190,9 @@ g4c_of(g4_backend *be)
 }
 
 #define G4C_STATUS_KV_MISSING 1u
+
+/* ints per k_eq_v prefill run in d_tile_runs */
+#define G4C_RUN_INTS 6
 
 /* Record a CUDA failure (the first one wins); returns G4_ERR_BACKEND or
  * G4_ERR_NOMEM. */
@@ -640,6 +645,28 @@ void		g4c_lt_free(g4_cuda *c);
 size_t		g4c_lt_held_bytes(const g4_cuda *c);
 void		g4c_lt_step_begin(g4_cuda *c);
 int			g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
+
+/* One cuBLASLt product in column-major terms: per batch, D (m x n, float32,
+ * leading dimension ldd) = op(A) · B with A stored m x k (lda), or k x m
+ * when transa, and B stored k x n (ldb); operands f16 or bf16, float32
+ * accumulation; batch strides in elements. */
+typedef struct
+{
+	int			ab_f16;			/* operands f16, else bf16 */
+	int			transa;
+	int			m,
+				n,
+				k;
+	int			lda,
+				ldb,
+				ldd;
+	int			batch;
+	int64_t		sa,
+				sb,
+				sd;
+} g4c_lt_product;
+
+int			g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, float *D);
 int			g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_f32(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 /* matmul_w4_wgmma.cu */

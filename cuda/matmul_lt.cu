@@ -15,7 +15,8 @@
  * layers call them).
  *
  * The cuBLASLt handle and its workspace are made with the backend, so calls
- * recorded into a step graph allocate nothing.
+ * recorded into a step graph allocate nothing; g4c_lt_gemm serves the
+ * attention's products too (attention_gemm.cu).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,7 @@
 
 #define LT_WORKSPACE_BYTES ((size_t) 32 << 20)
 /* G4_LT_ALGO=i (benchmarks) takes the heuristic's i-th algorithm of
- * LT_ALGOS instead of its first */
+ * LT_ALGOS instead of its first, for every product */
 #define LT_ALGOS 8
 
 /*
@@ -217,15 +218,12 @@ dequantised(g4_cuda *c, const g4_weight *w)
 #define LT_CHECK(c, call, what) do { cublasStatus_t _s = (call); \
 	if (_s != CUBLAS_STATUS_SUCCESS) { rc = lt_fail((c), _s, (what)); goto done; } } while (0)
 
-/* y[n][N] = x[n][K]·Wᵀ.  Column-major, as cuBLAS sees it: yᵀ (N x n) =
- * W (N x Kp, stored as its transpose, Kp x N) times xᵀ (Kp x n). */
+/* One product on cuBLASLt (float32 accumulation and output), described in
+ * its column-major terms: g4c_lt_product in cuda_common.cuh. */
 int
-g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, float *D)
 {
-	int			Kp = (int) w->ktiles * 64;
-	int			N = (int) w->out;
-	const uint16_t *xb;
-	const uint16_t *wb;
+	cudaDataType_t ab = p->ab_f16 ? CUDA_R_16F : CUDA_R_16BF;
 	cublasLtMatmulDesc_t op = NULL;
 	cublasLtMatrixLayout_t la = NULL,
 				lb = NULL,
@@ -233,7 +231,7 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 	cublasLtMatmulPreference_t pref = NULL;
 	cublasLtMatmulHeuristicResult_t heur[LT_ALGOS];
 	const char *pick = getenv("G4_LT_ALGO");
-	cublasOperation_t ta = CUBLAS_OP_T;
+	cublasOperation_t ta = p->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
 	size_t		ws = LT_WORKSPACE_BYTES;
 	int			found = 0,
 				algo;
@@ -241,17 +239,28 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 				beta = 0.0f;
 	int			rc = G4_OK;
 
-	xb = g4c_matmul_input(c, x, n, (int) w->in, Kp, 0, NULL);
-	if (!xb)
-		return c->err_code;
-	wb = dequantised(c, w);
-	if (!wb)
-		return c->err_code;
 	LT_CHECK(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
 	LT_CHECK(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "descriptor");
-	LT_CHECK(c, cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, Kp, N, Kp), "layout");
-	LT_CHECK(c, cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, Kp, n, Kp), "layout");
-	LT_CHECK(c, cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, N, n, N), "layout");
+	LT_CHECK(c, cublasLtMatrixLayoutCreate(&la, ab, p->transa ? p->k : p->m, p->transa ? p->m : p->k, p->lda),
+			 "layout");
+	LT_CHECK(c, cublasLtMatrixLayoutCreate(&lb, ab, p->k, p->n, p->ldb), "layout");
+	LT_CHECK(c, cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, p->m, p->n, p->ldd), "layout");
+	if (p->batch > 1)
+	{
+		const struct
+		{
+			cublasLtMatrixLayout_t l;
+			int64_t		stride;
+		}			b[3] = {{la, p->sa}, {lb, p->sb}, {ld, p->sd}};
+
+		for (int i = 0; i < 3; i++)
+		{
+			LT_CHECK(c, cublasLtMatrixLayoutSetAttribute(b[i].l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &p->batch,
+														 sizeof(p->batch)), "layout");
+			LT_CHECK(c, cublasLtMatrixLayoutSetAttribute(b[i].l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+														 &b[i].stride, sizeof(b[i].stride)), "layout");
+		}
+	}
 	LT_CHECK(c, cublasLtMatmulPreferenceCreate(&pref), "preference");
 	LT_CHECK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
 			 "preference");
@@ -264,7 +273,7 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 	}
 	algo = pick ? atoi(pick) : 0;
 	algo = algo < 0 ? 0 : algo >= found ? found - 1 : algo;
-	LT_CHECK(c, cublasLtMatmul((cublasLtHandle_t) c->lt, op, &alpha, wb, la, xb, lb, &beta, y, ld, y, ld,
+	LT_CHECK(c, cublasLtMatmul((cublasLtHandle_t) c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld,
 							   &heur[algo].algo, c->lt_ws, LT_WORKSPACE_BYTES, c->stream), "matmul");
 done:
 	if (pref)
@@ -278,4 +287,33 @@ done:
 	if (op)
 		cublasLtMatmulDescDestroy(op);
 	return rc;
+}
+
+/* y[n][N] = x[n][K]·Wᵀ.  Column-major, as cuBLAS sees it: yᵀ (N x n) =
+ * W (N x Kp, stored as its transpose, Kp x N) times xᵀ (Kp x n). */
+int
+g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+{
+	int			Kp = (int) w->ktiles * 64;
+	int			N = (int) w->out;
+	const uint16_t *xb;
+	const uint16_t *wb;
+	g4c_lt_product p;
+
+	xb = g4c_matmul_input(c, x, n, (int) w->in, Kp, 0, NULL);
+	if (!xb)
+		return c->err_code;
+	wb = dequantised(c, w);
+	if (!wb)
+		return c->err_code;
+	memset(&p, 0, sizeof(p));
+	p.transa = 1;
+	p.m = N;
+	p.n = n;
+	p.k = Kp;
+	p.lda = Kp;
+	p.ldb = Kp;
+	p.ldd = N;
+	p.batch = 1;
+	return g4c_lt_gemm(c, &p, wb, xb, y);
 }

@@ -209,7 +209,9 @@ typedef struct
 
 /* A KV pool: f32/bf16/turboquant, the 12B's layer groups or small ones,
  * f16-exact values, query heads (0: the pool's), RoPE over every pair of
- * the full layers (else proportional, as Gemma 4's) */
+ * the full layers (else proportional, as Gemma 4's), the scores budget of
+ * the full layers' prefill products (G4_ATTN_GEMM_SCORES, bytes; 0: the
+ * backend's) */
 typedef struct
 {
 	int			dtype,
@@ -217,7 +219,8 @@ typedef struct
 				exact16,
 				group,			/* the layer group attended over */
 				heads,
-				full_rope;
+				full_rope,
+				gemm_scores;
 } pool_args;
 
 typedef struct

@@ -408,9 +408,9 @@ attention_describe(const parity_row *r, int i, char *label, size_t size)
 				keqv;
 
 	pool_geometry(a->small, a->group, &hd, &nkv, &keqv);
-	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
+	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
 			 keqv ? " k_eq_v" : "", st->name, st->n[a->group], a->exact16 ? " exact-in" : "",
-			 a->full_rope ? " full-rope" : "");
+			 a->full_rope ? " full-rope" : "", a->gemm_scores ? " sliced" : "");
 	/* a projection of 256 columns or fewer stays float32 on the device
 	 * (nothing to take a copy): attention's check only */
 	return pool_heads(a) * hd > 256 ? 2 : 1;
@@ -506,7 +506,15 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 	dy = gpu_alloc(ny * 4);
 	dy2 = gpu_alloc(ny * 4);
 	P_RUN(cpu_be, attention, &Lc, q, q_stride, n, oc);
+	if (a->gemm_scores)
+	{
+		char		v[32];
+
+		snprintf(v, sizeof(v), "%d", a->gemm_scores);
+		setenv("G4_ATTN_GEMM_SCORES", v, 1);
+	}
 	P_RUN(gpu_be, attention, &Lg, dq, q_stride, n, dout);
+	unsetenv("G4_ATTN_GEMM_SCORES");
 	matmul_force("wgmma");
 	P_RUN(gpu_be, matmul, wo, dout, n, dy);
 	P_RUN(gpu_be, matmul, wo, dout, n, dy2);
@@ -527,12 +535,14 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 	metric[0] = dmax / (vmax > 0 ? vmax : 1.0);
 }
 
-/* a row that failed midway may have left the matmul's path forced */
+/* a row that failed midway may have left the matmul's path forced, or the
+ * scores budget set */
 static void
 attention_teardown(void *fx)
 {
 	(void) fx;
 	matmul_force(matmul_initial_force());
+	unsetenv("G4_ATTN_GEMM_SCORES");
 }
 
 /* one kind per family, so that each can be run alone (a name each) */

@@ -59,6 +59,8 @@
 #define WHY_TC_EXACT "tensor cores on f16-exact inputs: only P's rounding to f16 (2^-11) remains"
 #define WHY_PREFILL "prefill kernel: the tensor cores' f16 inputs and float32 sums, their bound"
 #define WHY_PREFILL_EXACT "prefill kernel on f16-exact inputs: only P's rounding to f16 remains"
+#define WHY_GEMM "k_eq_v prefill on cuBLASLt: the tensor cores' f16 q, k, v and P, float32 scores and sums, their bound"
+#define WHY_GEMM_EXACT "k_eq_v prefill on cuBLASLt on f16-exact inputs: only P's rounding to f16 remains"
 #define WHY_DECODE "decode kernel: f16 queries, P and values, the tensor cores' bound on random inputs"
 
 /* ---- shorthands ------------------------------------------------------------------------ */
@@ -85,6 +87,9 @@
 #define POOL(kind_, ...) .kind = &parity_attention_##kind_, .a.pool = {__VA_ARGS__}
 /* the steps of attention over a pool */
 #define ALL_STEPS ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_DECODE, ATT_PREFILL_SHORT, ATT_PREFILL_LONG
+/* the steps with a prefill run of 64 tokens or more: the full layers' on cuBLASLt */
+#define RUN_STEPS ATT_PREFILL_DECODE, ATT_PREFILL_LONG
+#define TC_STEPS ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_SHORT
 #define SMALL_STEPS ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_DECODE, ATT_PREFILL_SHORT
 /* KV(dtype, small pool): both layer groups */
 #define KV(...) .kind = &parity_kv_store, .a.pool = {__VA_ARGS__}, EACH(0, 1)
@@ -324,8 +329,10 @@ const parity_row parity_table[] = {
 	 * steps of 64 tokens or more in tiles a quarter full (G4_ATTN=tc keeps
 	 * the tensor-core kernel: the same bound); tensor cores for the 12B's
 	 * head dims when there are 8 query heads per KV head or more (the full
-	 * layers' 16) or the step has 2 tokens or more; float32 otherwise, and
-	 * for the small pools' head dims.
+	 * layers' 16) or the step has 2 tokens or more, except the full
+	 * layers' prefill runs of 64 tokens or more, which go to cuBLASLt
+	 * (attention_gemm.cu; the step's other tokens stay on the tc kernel);
+	 * float32 otherwise, and for the small pools' head dims.
 	 */
 	/* the float32 kernel on small pools (seed 10) */
 	{POOL(float32, .dtype = G4_KV_F32, .small = 1), EACH(SMALL_STEPS),
@@ -348,7 +355,9 @@ const parity_row parity_table[] = {
 	 ATTN_CHECK("attention(tc)", 0.1, WHY_TC), .share = 4},
 	{POOL(gemma4, .dtype = G4_KV_F32), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 ATTN_CHECK("attention(prefill)", 0.1, WHY_PREFILL), .share = 4},
-	{POOL(gemma4, .dtype = G4_KV_F32, .group = 1), EACH(ALL_STEPS), ATTN_CHECK("attention(tc)", 0.1, WHY_TC),
+	{POOL(gemma4, .dtype = G4_KV_F32, .group = 1), EACH(TC_STEPS), ATTN_CHECK("attention(tc)", 0.1, WHY_TC),
+	 .share = 4},
+	{POOL(gemma4, .dtype = G4_KV_F32, .group = 1), EACH(RUN_STEPS), ATTN_CHECK("attention(gemm)", 0.1, WHY_GEMM),
 	 .share = 4},
 	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_DECODE_1), ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32),
 	 .share = 5},
@@ -356,7 +365,9 @@ const parity_row parity_table[] = {
 	 ATTN_CHECK("attention(tc)", 0.1, WHY_TC), .share = 5},
 	{POOL(gemma4, .dtype = G4_KV_BF16), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 ATTN_CHECK("attention(prefill)", 0.1, WHY_PREFILL), .share = 5},
-	{POOL(gemma4, .dtype = G4_KV_BF16, .group = 1), EACH(ALL_STEPS), ATTN_CHECK("attention(tc)", 0.1, WHY_TC),
+	{POOL(gemma4, .dtype = G4_KV_BF16, .group = 1), EACH(TC_STEPS), ATTN_CHECK("attention(tc)", 0.1, WHY_TC),
+	 .share = 5},
+	{POOL(gemma4, .dtype = G4_KV_BF16, .group = 1), EACH(RUN_STEPS), ATTN_CHECK("attention(gemm)", 0.1, WHY_GEMM),
 	 .share = 5},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE), .share = 6},
@@ -366,8 +377,13 @@ const parity_row parity_table[] = {
 	 ATTN_CHECK("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE), .share = 6},
-	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1),
-	 EACH(ATT_PREFILL_DECODE, ATT_PREFILL_SHORT, ATT_PREFILL_LONG), ATTN_CHECK("attention(tc)", 0.1, WHY_TC), .share = 6},
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(ATT_PREFILL_SHORT),
+	 ATTN_CHECK("attention(tc)", 0.1, WHY_TC), .share = 6},
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(RUN_STEPS),
+	 ATTN_CHECK("attention(gemm)", 0.1, WHY_GEMM), .share = 6},
+	/* the runs in slices of 65 and 31 tokens (a 4 MB scores budget) */
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1, .gemm_scores = 4 << 20), EACH(RUN_STEPS),
+	 ATTN_CHECK("attention(gemm)", 0.1, WHY_GEMM), .share = 6},
 
 	/* f16-exact inputs (seed 12; decoded turboquant values are not) */
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_DECODE_1),
@@ -376,16 +392,22 @@ const parity_row parity_table[] = {
 	 ATTN_CHECK("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 ATTN_CHECK("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 7},
-	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1), EACH(ALL_STEPS),
+	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1), EACH(TC_STEPS),
 	 ATTN_CHECK("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 7},
+	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1), EACH(RUN_STEPS),
+	 ATTN_CHECK("attention(gemm)", 2e-3, WHY_GEMM_EXACT), .share = 7},
+	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1, .gemm_scores = 4 << 20), EACH(RUN_STEPS),
+	 ATTN_CHECK("attention(gemm)", 2e-3, WHY_GEMM_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_1),
 	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .share = 8},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_SHORT),
 	 ATTN_CHECK("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 ATTN_CHECK("attention(prefill)", 2e-3, WHY_PREFILL_EXACT), .share = 8},
-	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1, .group = 1), EACH(ALL_STEPS),
+	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1, .group = 1), EACH(TC_STEPS),
 	 ATTN_CHECK("attention(tc)", 2e-3, WHY_TC_EXACT), .share = 8},
+	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1, .group = 1), EACH(RUN_STEPS),
+	 ATTN_CHECK("attention(gemm)", 2e-3, WHY_GEMM_EXACT), .share = 8},
 
 	/* the decode kernel at every query-heads-per-KV-head count it takes
 	 * (1, 2, 4, 8: Gemma 4's sliding layers have 2, Gemma 3 270M's 4),
