@@ -2,7 +2,7 @@
  * matmul.cuh — the tensor-core matmul kernels shared by the packed weight
  * formats (W_I4, W_BF16; layouts in cuda_common.cuh): y[n][N] = x[n][K]·Wᵀ.
  *
- * skinny (decode, n <= 16, bf16 weights; int4 weights use its staging
+ * skinny (decode, n <= 8, bf16 weights; int4 weights use its staging
  * layout, tile_mma and skinny_item_end in the GEMV of gemv_w4.cu for 1 to
  * 16 rows and the gemm beyond): weights are the A operand (16 output rows per
  * m16n8k16 tile), the n token rows the B operand (n8 tiles).  A persistent
@@ -18,7 +18,7 @@
  * bf16, so products carry float32-class error; group scales multiply
  * float32 partial sums.
  *
- * gemm (bf16 weights n > 16; int4 weights from 17 rows up to the cuBLASLt
+ * gemm (bf16 weights n > 8; int4 weights from 17 rows up to the cuBLASLt
  * threshold of g4c_matmul_i4): 32, 64 or 128 x 256 block tiles, 8 warps of
  * (32, 64 or 128) x 32, K split over blocks where the tiles alone would
  * leave SMs idle, k-tiles of 64 through a 4-stage (I4) / 3-stage (BF16)
@@ -92,13 +92,9 @@ skinny_xs_per_ktile(int nt)
 	return 4 * nt * 32 * 8;
 }
 
-/* Activation staging limit: two blocks per SM up to 16 rows (with the
- * weight rings, at most ~110 KiB each), one block beyond */
-constexpr int
-skinny_xs_max(int nt)
-{
-	return nt >= 4 ? 160 * 1024 : 60 * 1024;
-}
+/* Activation staging limit: two blocks per SM (with the weight rings, at
+ * most ~110 KiB each) */
+#define SKINNY_XS_MAX (60 * 1024)
 
 struct skinny_args
 {
@@ -475,7 +471,7 @@ skinny_occupancy(g4_cuda *c, int smem)
 
 		if (smem > 48 * 1024 &&
 			cudaFuncSetAttribute(skinny_kernel<FMT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-								 skinny_ring_bytes<FMT>() + skinny_xs_max(NT)) != cudaSuccess)
+								 skinny_ring_bytes<FMT>() + SKINNY_XS_MAX) != cudaSuccess)
 			return 0;
 		if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, skinny_kernel<FMT, NT>, SKINNY_WARPS * 32,
 														  smem) != cudaSuccess)
@@ -510,7 +506,7 @@ skinny_run(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 					rounds;
 		double		cost;
 
-		if (KT % ks != 0 || kr * per_kt > skinny_xs_max(NT))
+		if (KT % ks != 0 || kr * per_kt > SKINNY_XS_MAX)
 			continue;
 		occ = skinny_occupancy<FMT, NT>(c, skinny_ring_bytes<FMT>() + kr * per_kt);
 		if (occ <= 0)
@@ -538,7 +534,7 @@ skinny_run(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 					  (size_t) (skinny_ring_bytes<FMT>() + a.kr * per_kt), a);
 }
 
-/* n <= 16 token rows, split activations (4 per n8 tile). */
+/* n <= 8 token rows, split activations (4 per n8 tile). */
 template <int FMT>
 int
 skinny_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
@@ -547,7 +543,7 @@ skinny_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 		return skinny_run<FMT, 1>(c, w, x, n, y);
 	if (n <= 8)
 		return skinny_run<FMT, 2>(c, w, x, n, y);
-	return skinny_run<FMT, 4>(c, w, x, n, y);
+	return G4_ERR_UNSUPPORTED;
 }
 
 /* ---- gemm ---------------------------------------------------------------------- */

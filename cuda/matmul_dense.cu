@@ -50,14 +50,23 @@ g4c_pack_bf16(g4_cuda *c, g4_weight *w, const uint16_t *raw, int64_t row0, int64
 					  raw, rows, w->in, row0, w->ktiles, (uint32_t *) w->data);
 }
 
-/* bf16 weights by row count: skinny up to 16 rows (split activations,
- * float32-class), the gemm beyond with 32, 64 or 128 token rows per block. */
+/*
+ * bf16 weights by row count: skinny up to BF16_SKINNY_MAX_ROWS (split
+ * activations, float32-class, as the int4 GEMV on Hopper), the gemm beyond
+ * with 32, 64 or 128 token rows per block (activations rounded to bf16).
+ * The gemm streams the weights faster at every row count (the 12B's 2 GB LM
+ * head, RESULTS.md runs 110-111: 445 / 453 / 465 / 470 us at 1 / 8 / 12 /
+ * 16 rows against the skinny kernel's 494 / 629 / 664 / 719); up to 8 rows
+ * the skinny kernel stays for float32-class logits at small batch.
+ */
+#define BF16_SKINNY_MAX_ROWS 8
+
 int
 g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
 {
 	if (n <= 0)
 		return G4_OK;
-	if (n <= 16)
+	if (n <= BF16_SKINNY_MAX_ROWS)
 		return skinny_launch<G4C_W_BF16>(c, w, x, n, y);
 	if (n <= 32)
 		return gemm_launch<G4C_W_BF16, 2>(c, w, x, n, y, NULL);
