@@ -900,9 +900,12 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 			ch->level = -1;
 			ch->per_sm = 2;		/* its shared memory holds two */
 			ch->waves = 1;
-			/* four chunks of 64 keys: a split's partial rows (16 x 514
-			 * floats, written and merged) cost what ~128 keys of the pool do */
-			ch->min_keys = 16 * G4_KV_BLOCK_TOKENS;
+			/* two chunks of 64 keys: a split's partial rows (16 x 514
+			 * floats, written and merged) cost what ~128 keys of the pool
+			 * do.  Against four chunks (run 113): batch 1 at 2k 4.667 ->
+			 * 4.589 ms a step (8 splits -> 16), the rest within +-0.3 %;
+			 * one chunk cost 14 % at 16 x 32k */
+			ch->min_keys = 8 * G4_KV_BLOCK_TOKENS;
 			return G4_OK;
 		}
 	}
