@@ -123,6 +123,7 @@ typedef struct Job
 	SPIPlanPtr	counters;
 	SPIPlanPtr	reset;
 	SPIPlanPtr	state;
+	SPIPlanPtr	hold;
 	SPIPlanPtr	finish;
 } Job;
 
@@ -412,6 +413,7 @@ load_job(Job *job, Oid owner)
 		job->reset = plan(psprintf("UPDATE %s SET claimed_by = NULL WHERE job_id = $1 AND claimed_by = $2",
 								   qt), 2, a_reset);
 		job->state = plan(psprintf("SELECT state FROM %s WHERE id = $1", jt), 1, a_job);
+		job->hold = plan(psprintf("SELECT FROM %s WHERE id = $1 FOR NO KEY UPDATE", jt), 1, a_job);
 		job->finish = plan(psprintf("UPDATE %s SET state = 'done', finished_at = now() "
 									"WHERE id = $1 AND state = 'running' AND NOT follow "
 									"AND NOT EXISTS (SELECT FROM %s WHERE job_id = $1)", jt, qt),
@@ -796,6 +798,19 @@ write_outcomes(Job *job)
 		return;
 
 	begin_tx();
+
+	/*
+	 * The job's row first, as gemma_job_cancel takes it before it deletes
+	 * the queue: locked after the queue entries (by the counters' update at
+	 * the end), the two deadlock.  A cancel that commits first leaves no
+	 * entry to take, so nothing is written for the cancelled job.
+	 */
+	{
+		Datum		v[1] = {Int64GetDatum(job->id)};
+
+		if (SPI_execute_plan(job->hold, v, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "could not lock gemma job " INT64_FORMAT, job->id);
+	}
 	for (i = 0; i < job->max_in_flight; i++)
 	{
 		JobRow	   *row = &job->rows[i];

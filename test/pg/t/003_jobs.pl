@@ -223,6 +223,54 @@ sub start_job
 		'cancelled|0', 'cancel: nothing left queued');
 	my ($ret, $out, $err) = $node->psql('postgres', "SELECT gemma_job_resume($job)");
 	like($err, qr/is cancelled, not paused or failed/, 'cancel: a cancelled job cannot resume');
+
+	# a cancel while the worker writes answers: its write transaction is
+	# held inside the update of its first row (a trigger waits on an
+	# advisory lock held here), that row's queue entry already taken; the
+	# cancel is issued then, and the lock released.  Neither may meet a
+	# deadlock (the worker as its victim shows only in the server's log),
+	# and what was written before the cancel is counted.
+	reset_docs();
+	$node->safe_psql(
+		'postgres', q{
+CREATE FUNCTION gate_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_advisory_lock_shared(4243);
+  PERFORM pg_advisory_unlock_shared(4243);
+  RETURN NEW;
+END $$;
+CREATE TRIGGER gate_write BEFORE UPDATE OF summary ON docs FOR EACH ROW EXECUTE FUNCTION gate_write();
+});
+	my $gate = $node->background_psql('postgres');
+	$gate->query_safe('SELECT pg_advisory_lock(4243)');
+	my $log_offset = -s $node->logfile;
+	$job = start_job();
+	ok( $node->poll_query_until(
+			'postgres',
+			"SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'gemma4 job worker' AND wait_event = 'advisory'"
+		),
+		'cancel while answers are written: the worker waits inside its write');
+	my $canceller = $node->background_psql('postgres', on_error_stop => 0);
+	G4Test::start_query($canceller, "SELECT gemma_job_cancel($job)");
+	ok( $node->poll_query_until(
+			'postgres',
+			"SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'SELECT gemma_job_cancel%' AND wait_event_type = 'Lock'"
+		),
+		'cancel while answers are written: the cancel waits for the write');
+	$gate->query_safe('SELECT pg_advisory_unlock(4243)');
+	$gate->quit;
+	(undef, $err) = G4Test::finish_query($canceller);
+	$canceller->quit;
+	is($err, '', 'cancel while answers are written: the cancel succeeds');
+	ok($node->poll_query_until('postgres',
+			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+		'cancel while answers are written: the worker stops');
+	ok(!$node->log_contains(qr/deadlock detected/, $log_offset), 'cancel while answers are written: no deadlock');
+	my $written = $node->safe_psql('postgres', "SELECT count(*) FROM writes WHERE tbl = 'docs'");
+	is( $node->safe_psql('postgres',
+			"SELECT state, rows_pending, rows_done = $written, $written > 0 FROM gemma_jobs WHERE job = $job"),
+		'cancelled|0|t|t', 'cancel while answers are written: nothing queued, the write before the cancel counted');
+	$node->safe_psql('postgres', 'DROP TRIGGER gate_write ON docs; DROP FUNCTION gate_write()');
 }
 
 # ---- faults mid-job ---------------------------------------------------------
