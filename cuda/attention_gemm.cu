@@ -223,17 +223,22 @@ attn_gemm_softmax_kernel(attn_args a, int t0, int rows, float *S, int ld, float 
 typedef void (*attn_softmax_fn) (attn_args, int, int, float *, int, float *);
 
 /* The kernel whose registers hold a row of ld floats, or the largest one,
- * which reads longer rows twice. */
+ * which reads longer rows twice (contexts past 32k).  G4_ATTN_GEMM_SOFTMAX
+ * (keys held in registers, 2,048 to 32,768; tests) caps it, so that short
+ * rows take the two-read path too. */
 static attn_softmax_fn
 softmax_kernel(int ld)
 {
-	if (ld <= SOFTMAX_THREADS * 4)
+	const char *env = getenv("G4_ATTN_GEMM_SOFTMAX");
+	int			held = env ? atoi(env) : 16 * SOFTMAX_THREADS * 4;
+
+	if (ld <= SOFTMAX_THREADS * 4 || held <= SOFTMAX_THREADS * 4)
 		return attn_gemm_softmax_kernel<1>;
-	if (ld <= SOFTMAX_THREADS * 8)
+	if (ld <= SOFTMAX_THREADS * 8 || held <= SOFTMAX_THREADS * 8)
 		return attn_gemm_softmax_kernel<2>;
-	if (ld <= SOFTMAX_THREADS * 16)
+	if (ld <= SOFTMAX_THREADS * 16 || held <= SOFTMAX_THREADS * 16)
 		return attn_gemm_softmax_kernel<4>;
-	if (ld <= SOFTMAX_THREADS * 32)
+	if (ld <= SOFTMAX_THREADS * 32 || held <= SOFTMAX_THREADS * 32)
 		return attn_gemm_softmax_kernel<8>;
 	return attn_gemm_softmax_kernel<16>;
 }

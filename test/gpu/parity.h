@@ -211,7 +211,8 @@ typedef struct
  * f16-exact values, query heads (0: the pool's), RoPE over every pair of
  * the full layers (else proportional, as Gemma 4's), the scores budget of
  * the full layers' prefill products (G4_ATTN_GEMM_SCORES, bytes; 0: the
- * backend's) */
+ * backend's) and the keys their softmax holds in registers
+ * (G4_ATTN_GEMM_SOFTMAX; 0: the backend's) */
 typedef struct
 {
 	int			dtype,
@@ -220,7 +221,8 @@ typedef struct
 				group,			/* the layer group attended over */
 				heads,
 				full_rope,
-				gemm_scores;
+				gemm_scores,
+				gemm_softmax;
 } pool_args;
 
 typedef struct

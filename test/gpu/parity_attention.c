@@ -408,9 +408,10 @@ attention_describe(const parity_row *r, int i, char *label, size_t size)
 				keqv;
 
 	pool_geometry(a->small, a->group, &hd, &nkv, &keqv);
-	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
+	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
 			 keqv ? " k_eq_v" : "", st->name, st->n[a->group], a->exact16 ? " exact-in" : "",
-			 a->full_rope ? " full-rope" : "", a->gemm_scores ? " sliced" : "");
+			 a->full_rope ? " full-rope" : "", a->gemm_scores ? " sliced" : "",
+			 a->gemm_softmax ? " softmax-streamed" : "");
 	/* a projection of 256 columns or fewer stays float32 on the device
 	 * (nothing to take a copy): attention's check only */
 	return pool_heads(a) * hd > 256 ? 2 : 1;
@@ -439,6 +440,27 @@ attention_setup(const parity_row *r)
 			gpu_put(P->dinvf[g], P->invf[g], (size_t) P->hd[g] / 2 * 4);
 		}
 	return P;
+}
+
+/* The row's settings of the full layers' prefill products into the
+ * environment, which the backend reads at every call (NULL: none). */
+static void
+gemm_env(const pool_args *a)
+{
+	char		v[32];
+
+	unsetenv("G4_ATTN_GEMM_SCORES");
+	unsetenv("G4_ATTN_GEMM_SOFTMAX");
+	if (a && a->gemm_scores)
+	{
+		snprintf(v, sizeof(v), "%d", a->gemm_scores);
+		setenv("G4_ATTN_GEMM_SCORES", v, 1);
+	}
+	if (a && a->gemm_softmax)
+	{
+		snprintf(v, sizeof(v), "%d", a->gemm_softmax);
+		setenv("G4_ATTN_GEMM_SOFTMAX", v, 1);
+	}
 }
 
 /* metric 0: max |gpu - cpu| relative to max |cpu| of the output; 1: the
@@ -506,15 +528,9 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 	dy = gpu_alloc(ny * 4);
 	dy2 = gpu_alloc(ny * 4);
 	P_RUN(cpu_be, attention, &Lc, q, q_stride, n, oc);
-	if (a->gemm_scores)
-	{
-		char		v[32];
-
-		snprintf(v, sizeof(v), "%d", a->gemm_scores);
-		setenv("G4_ATTN_GEMM_SCORES", v, 1);
-	}
+	gemm_env(a);
 	P_RUN(gpu_be, attention, &Lg, dq, q_stride, n, dout);
-	unsetenv("G4_ATTN_GEMM_SCORES");
+	gemm_env(NULL);
 	matmul_force("wgmma");
 	P_RUN(gpu_be, matmul, wo, dout, n, dy);
 	P_RUN(gpu_be, matmul, wo, dout, n, dy2);
@@ -542,7 +558,7 @@ attention_teardown(void *fx)
 {
 	(void) fx;
 	matmul_force(matmul_initial_force());
-	unsetenv("G4_ATTN_GEMM_SCORES");
+	gemm_env(NULL);
 }
 
 /* one kind per family, so that each can be run alone (a name each) */

@@ -384,6 +384,10 @@ const parity_row parity_table[] = {
 	/* the runs in slices of 65 and 31 tokens (a 4 MB scores budget) */
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1, .gemm_scores = 4 << 20), EACH(RUN_STEPS),
 	 ATTN_CHECK("attention(gemm)", 0.1, WHY_GEMM), .share = 6},
+	/* rows past the keys the softmax holds in registers (2,048 here) read
+	 * twice, as past 32k keys */
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1, .gemm_softmax = 2048), EACH(RUN_STEPS),
+	 ATTN_CHECK("attention(gemm)", 0.1, WHY_GEMM), .share = 6},
 
 	/* f16-exact inputs (seed 12; decoded turboquant values are not) */
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1), EACH(ATT_DECODE_1),
@@ -397,6 +401,8 @@ const parity_row parity_table[] = {
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1), EACH(RUN_STEPS),
 	 ATTN_CHECK("attention(gemm)", 2e-3, WHY_GEMM_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1, .gemm_scores = 4 << 20), EACH(RUN_STEPS),
+	 ATTN_CHECK("attention(gemm)", 2e-3, WHY_GEMM_EXACT), .share = 7},
+	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1, .gemm_softmax = 2048), EACH(RUN_STEPS),
 	 ATTN_CHECK("attention(gemm)", 2e-3, WHY_GEMM_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_1),
 	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .share = 8},
