@@ -27,9 +27,10 @@
  *
  * Prefill chunks go to attention_prefill.cu: the tc kernel's numerics,
  * FlashAttention-2 style; on k_eq_v layers, prefill runs go to
- * attention_gemm.cu (two cuBLASLt products around a softmax); decode and verify steps on the turboquant pool
- * (a few tokens per sequence) to attention_decode.cu and
- * attention_decode_full.cu.  The choice: choose_kernel.
+ * attention_gemm.cu (two cuBLASLt products around a softmax); decode and
+ * verify steps on the turboquant pool (a few tokens per sequence) to
+ * attention_decode.cu and attention_decode_full.cu.  The choice:
+ * choose_kernel.
  *
  * Long ranges are split over blocks (flash-decoding): each writes its
  * partial (max, sum, unnormalised output) per row and attn_merge_kernel

@@ -98,12 +98,16 @@ rows_kernel(int hd, int dtype)
 
 /* ---- a slice's queries, softmax and output -------------------------------------------- */
 
-/* Row i of KV head g (i < rows = tokens · gq): token t0 + i / gq, query
- * head g · gq + i % gq. */
+/* Element offset of head-row gi = g · rows + i of a slice (row i < rows =
+ * tokens · gq of KV head g: token t0 + i / gq, query head g · gq + i % gq)
+ * in a [token][stride] array of heads of hd. */
 __device__ __forceinline__ size_t
-slice_q_offset(const attn_args &a, int t0, int i, int g)
+slice_row_offset(const attn_args &a, int t0, int rows, size_t gi, int stride)
 {
-	return (size_t) (t0 + i / a.gq) * (size_t) a.q_stride + (size_t) (g * a.gq + i % a.gq) * (size_t) a.hd;
+	int			i = (int) (gi % (size_t) rows),
+				g = (int) (gi / (size_t) rows);
+
+	return (size_t) (t0 + i / a.gq) * (size_t) stride + (size_t) (g * a.gq + i % a.gq) * (size_t) a.hd;
 }
 
 /* The slice's queries as f16 rows qh[g][i][hd]: one thread per 8 dims. */
@@ -119,7 +123,7 @@ attn_gemm_queries_kernel(attn_args a, int t0, int rows, uint16_t *qh)
 	{
 		int			d = (int) (x % (size_t) per_row) * 8;
 		size_t		gi = x / (size_t) per_row;
-		const float *src = a.q + slice_q_offset(a, t0, (int) (gi % (size_t) rows), (int) (gi / (size_t) rows)) + d;
+		const float *src = a.q + slice_row_offset(a, t0, rows, gi, a.q_stride) + d;
 		float2		v[4];
 
 #pragma unroll
@@ -223,15 +227,12 @@ attn_gemm_softmax_kernel(attn_args a, int t0, int rows, float *S, int ld, float 
 typedef void (*attn_softmax_fn) (attn_args, int, int, float *, int, float *);
 
 /* The kernel whose registers hold a row of ld floats, or the largest one,
- * which reads longer rows twice (contexts past 32k).  G4_ATTN_GEMM_SOFTMAX
- * (keys held in registers, 2,048 to 32,768; tests) caps it, so that short
- * rows take the two-read path too. */
+ * which reads longer rows twice (contexts past 32k); `held` (keys, 2,048 to
+ * 32,768) caps the choice, so that tests take the two-read path on short
+ * rows too. */
 static attn_softmax_fn
-softmax_kernel(int ld)
+softmax_kernel(int ld, int held)
 {
-	const char *env = getenv("G4_ATTN_GEMM_SOFTMAX");
-	int			held = env ? atoi(env) : 16 * SOFTMAX_THREADS * 4;
-
 	if (ld <= SOFTMAX_THREADS * 4 || held <= SOFTMAX_THREADS * 4)
 		return attn_gemm_softmax_kernel<1>;
 	if (ld <= SOFTMAX_THREADS * 8 || held <= SOFTMAX_THREADS * 8)
@@ -256,14 +257,11 @@ attn_gemm_out_kernel(attn_args a, int t0, int rows, const float *O, const float 
 	{
 		int			d = (int) (x % (size_t) per_row) * 4;
 		size_t		gi = x / (size_t) per_row;
-		int			i = (int) (gi % (size_t) rows),
-					g = (int) (gi / (size_t) rows);
 		float		l = rowsum[gi];
 		float		inv = l > 0.0f ? 1.0f / l : 0.0f;
 		float4		o = *reinterpret_cast<const float4 *>(O + gi * (size_t) a.hd + d);
 
-		*reinterpret_cast<float4 *>(a.out + (size_t) (t0 + i / a.gq) * (size_t) a.out_stride +
-									(size_t) (g * a.gq + i % a.gq) * (size_t) a.hd + d) =
+		*reinterpret_cast<float4 *>(a.out + slice_row_offset(a, t0, rows, gi, a.out_stride) + d) =
 			make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
 	}
 }
@@ -294,8 +292,15 @@ g4c_attention_gemm_serves(const g4_cuda *c, const attn_args *a)
 		!(env && strcmp(env, "off") == 0);
 }
 
-/* A 16-key multiple covering the keys of the tokens [t0, t0 + n) (host
- * copies of their ranges). */
+/* Keys rounded up to whole 16-key blocks. */
+static int
+whole_blocks(int keys)
+{
+	return (keys + G4_KV_BLOCK_TOKENS - 1) / G4_KV_BLOCK_TOKENS * G4_KV_BLOCK_TOKENS;
+}
+
+/* Whole blocks covering the keys of the tokens [t0, t0 + n) (host copies
+ * of their ranges). */
 static int
 slice_keys(const int32_t *hi, int t0, int n)
 {
@@ -303,25 +308,47 @@ slice_keys(const int32_t *hi, int t0, int n)
 
 	for (int t = t0; t < t0 + n; t++)
 		keys = G4_MAX(keys, hi[t]);
-	return (keys + G4_KV_BLOCK_TOKENS - 1) / G4_KV_BLOCK_TOKENS * G4_KV_BLOCK_TOKENS;
+	return whole_blocks(keys);
 }
 
 /* A run's tokens per slice: as many as the scores budget holds at the
  * run's longest key range (keys). */
 static int
-slice_tokens(const int32_t *run, int keys, int heads, size_t budget)
+slice_tokens(int tokens, int keys, int heads, size_t budget)
 {
 	size_t		per_token = (size_t) heads * (size_t) G4_MAX(keys, 1) * 4;
 
-	return (int) G4_MAX((size_t) 1, G4_MIN((size_t) run[5], budget / per_token));
+	return (int) G4_MAX((size_t) 1, G4_MIN((size_t) tokens, budget / per_token));
 }
 
-static int
-grid_for(const g4_cuda *c, size_t items)
+/* A slice's scratch: the scores S [n_kv][rows][keys] (P over them), the
+ * queries qh [n_kv][rows][hd] f16, the output O [n_kv][rows][hd] and the
+ * rows' sums, each part 256-byte aligned.  Fills the pointers when base is
+ * given; returns the bytes. */
+typedef struct
 {
-	size_t		blocks = (items + 255) / 256;
+	float	   *S;
+	uint16_t   *qh;
+	float	   *O;
+	float	   *rowsum;
+} slice_scratch;
 
-	return (int) G4_MIN(blocks, (size_t) c->sm_count * 8);
+static size_t
+slice_layout(unsigned char *base, int n_kv, int rows, int keys, int hd, slice_scratch *sl)
+{
+	size_t		head_rows = (size_t) n_kv * (size_t) rows;
+	size_t		parts[4] = {head_rows * (size_t) keys * 4, head_rows * (size_t) hd * 2, head_rows * (size_t) hd * 4,
+	head_rows * 4};
+	void	  **at[4] = {(void **) &sl->S, (void **) &sl->qh, (void **) &sl->O, (void **) &sl->rowsum};
+	size_t		off = 0;
+
+	for (int k = 0; k < 4; k++)
+	{
+		if (base)
+			*at[k] = base + off;
+		off += (parts[k] + 255) / 256 * 256;
+	}
+	return off;
 }
 
 /* The attention of every token of the step's k_eq_v prefill runs into
@@ -331,8 +358,10 @@ g4c_attention_gemm(g4_cuda *c, const attn_args *a)
 {
 	const int32_t *runs = c->h_meta + (c->d_tile_runs - c->d_meta);
 	const int32_t *hi = c->h_meta + (c->d_hi[G4_KVG_FULL] - c->d_meta);
-	const char *env = getenv("G4_ATTN_GEMM_SCORES");
-	size_t		budget = env ? (size_t) strtoull(env, NULL, 10) : ATTN_GEMM_SCORES_BYTES;
+	const char *scores_env = getenv("G4_ATTN_GEMM_SCORES");
+	const char *softmax_env = getenv("G4_ATTN_GEMM_SOFTMAX");
+	size_t		budget = scores_env ? (size_t) strtoull(scores_env, NULL, 10) : ATTN_GEMM_SCORES_BYTES;
+	int			held = softmax_env ? atoi(softmax_env) : 16 * SOFTMAX_THREADS * 4;
 	int			heads = a->n_kv * a->gq;
 	int			rows_total = 16 * c->keqv_tile_grid;
 	size_t		need = 0;
@@ -341,14 +370,15 @@ g4c_attention_gemm(g4_cuda *c, const attn_args *a)
 	unsigned char *scratch;
 	int			r;
 
-	/* the scratch of the largest slice */
+	/* the scratch of the largest slice (a run's keys: its record's) */
 	for (r = 0; r < c->n_tile_runs; r++)
 	{
 		const int32_t *run = runs + G4C_RUN_INTS * r;
-		int			keys = slice_keys(hi, run[4], run[5]);
+		int			keys = whole_blocks(run[3]);
+		slice_scratch unused;
 
-		need = G4_MAX(need, (size_t) slice_tokens(run, keys, heads, budget) *
-					  ((size_t) heads * ((size_t) keys * 4 + (size_t) a->hd * 6 + 4)) + 2 * 256);
+		need = G4_MAX(need, slice_layout(NULL, a->n_kv, slice_tokens(run[5], keys, heads, budget) * a->gq, keys,
+										 a->hd, &unused));
 	}
 	kimg = (uint16_t *) g4c_grow(c, &c->keqv_rows, &c->keqv_rows_bytes, rows_bytes(c, a), "k_eq_v key and value rows");
 	scratch = (unsigned char *) g4c_scratch(c, need);
@@ -362,7 +392,7 @@ g4c_attention_gemm(g4_cuda *c, const attn_args *a)
 	for (r = 0; r < c->n_tile_runs; r++)
 	{
 		const int32_t *run = runs + G4C_RUN_INTS * r;
-		int			ts = slice_tokens(run, slice_keys(hi, run[4], run[5]), heads, budget);
+		int			ts = slice_tokens(run[5], whole_blocks(run[3]), heads, budget);
 		size_t		first_row = 16 * (size_t) run[1];
 
 		for (int t0 = run[4]; t0 < run[4] + run[5]; t0 += ts)
@@ -370,19 +400,15 @@ g4c_attention_gemm(g4_cuda *c, const attn_args *a)
 			int			n = G4_MIN(ts, run[4] + run[5] - t0);
 			int			rows = n * a->gq;
 			int			keys = slice_keys(hi, t0, n);
-			size_t		s_bytes = (size_t) a->n_kv * (size_t) rows * (size_t) keys * 4;
-			float	   *S = (float *) scratch;
-			uint16_t   *qh = (uint16_t *) (scratch + (s_bytes + 255) / 256 * 256);
-			float	   *O = (float *) ((unsigned char *) qh +
-									   ((size_t) a->n_kv * rows * a->hd * 2 + 255) / 256 * 256);
-			float	   *rowsum = O + (size_t) a->n_kv * rows * a->hd;
+			slice_scratch sl;
 			g4c_lt_product p;
 
 			if (keys <= 0)
 				continue;
+			slice_layout(scratch, a->n_kv, rows, keys, a->hd, &sl);
 			if (g4c_launch(c, "attention (gemm queries)", attn_gemm_queries_kernel,
-						   dim3((unsigned) grid_for(c, (size_t) a->n_kv * rows * (a->hd / 8))), dim3(256), 0, *a, t0,
-						   rows, qh) != G4_OK)
+						   g4c_stride_grid(c, (size_t) a->n_kv * rows * (a->hd / 8), 8), dim3(256), 0, *a,
+						   t0, rows, sl.qh) != G4_OK)
 				return c->err_code;
 			/* Sᵀ (keys x rows) = K (stored hd x keys, transposed) · Qᵀ */
 			memset(&p, 0, sizeof(p));
@@ -398,10 +424,11 @@ g4c_attention_gemm(g4_cuda *c, const attn_args *a)
 			p.sa = (int64_t) rows_total * a->hd;
 			p.sb = (int64_t) rows * a->hd;
 			p.sd = (int64_t) rows * keys;
-			if (g4c_lt_gemm(c, &p, kimg + first_row * a->hd, qh, S) != G4_OK)
+			if (g4c_lt_gemm(c, &p, kimg + first_row * a->hd, sl.qh, sl.S) != G4_OK)
 				return c->err_code;
-			if (g4c_launch(c, "attention (gemm softmax)", softmax_kernel(keys), dim3((unsigned) rows, (unsigned) a->n_kv),
-						   dim3(SOFTMAX_THREADS), 0, *a, t0, rows, S, keys, rowsum) != G4_OK)
+			if (g4c_launch(c, "attention (gemm softmax)", softmax_kernel(keys, held),
+						   dim3((unsigned) rows, (unsigned) a->n_kv), dim3(SOFTMAX_THREADS), 0, *a, t0, rows, sl.S, keys,
+						   sl.rowsum) != G4_OK)
 				return c->err_code;
 			/* Oᵀ (hd x rows) = V (stored hd x keys) · Pᵀ (P's rows 2·keys halves apart) */
 			memset(&p, 0, sizeof(p));
@@ -416,11 +443,11 @@ g4c_attention_gemm(g4_cuda *c, const attn_args *a)
 			p.sa = (int64_t) rows_total * a->hd;
 			p.sb = (int64_t) rows * keys * 2;
 			p.sd = (int64_t) rows * a->hd;
-			if (g4c_lt_gemm(c, &p, vimg + first_row * a->hd, S, O) != G4_OK)
+			if (g4c_lt_gemm(c, &p, vimg + first_row * a->hd, sl.S, sl.O) != G4_OK)
 				return c->err_code;
 			if (g4c_launch(c, "attention (gemm output)", attn_gemm_out_kernel,
-						   dim3((unsigned) grid_for(c, (size_t) a->n_kv * rows * (a->hd / 4))), dim3(256), 0, *a, t0,
-						   rows, O, rowsum) != G4_OK)
+						   g4c_stride_grid(c, (size_t) a->n_kv * rows * (a->hd / 4), 8), dim3(256), 0, *a,
+						   t0, rows, sl.O, sl.rowsum) != G4_OK)
 				return c->err_code;
 		}
 	}

@@ -731,15 +731,16 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 	for (l = 0; l < G4C_TPC_LEVELS; l++)
 		key = mix(key, (uint64_t) c->n_tiles[l]);
 	key = mix(mix(key, (uint64_t) c->n_tile_runs), (uint64_t) c->keqv_tile_grid);
-	/* the runs' products on cuBLASLt (attention_gemm.cu) are sized by
-	 * their tokens' key ranges */
+	/* the runs' products on cuBLASLt (attention_gemm.cu): their first
+	 * tokens and sizes are launch arguments, their keys (the ends of the
+	 * tokens' ranges, slice by slice) the products' shapes */
 	for (l = 0; l < c->n_tile_runs; l++)
 	{
 		const int32_t *r = h + (c->d_tile_runs - c->d_meta) + G4C_RUN_INTS * (size_t) l;
 
 		key = mix(mix(key, (uint64_t) r[4]), (uint64_t) r[5]);
 		for (t = r[4]; t < r[4] + r[5]; t++)
-			key = mix(mix(key, (uint64_t) m->lo[G4_KVG_FULL][t]), (uint64_t) m->hi[G4_KVG_FULL][t]);
+			key = mix(key, (uint64_t) m->hi[G4_KVG_FULL][t]);
 	}
 	c->step_key = key;
 	return G4_OK;

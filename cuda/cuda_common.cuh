@@ -217,6 +217,17 @@ void	   *g4c_grow(g4_cuda *c, void **buf, size_t *have, size_t bytes, const char
  * may follow (matmul_input.cu); NULL: none (K not a multiple of 64, or
  * larger than G4C_ACT_BF16_BYTES). */
 uint16_t   *g4c_act_bf16_offer(g4_cuda *c, const float *y, int n, int K);
+/* Blocks of 256 threads for a grid-stride loop over `items`: one item a
+ * thread, at most per_sm blocks per SM. */
+static inline unsigned
+g4c_stride_grid(const g4_cuda *c, size_t items, int per_sm)
+{
+	size_t		blocks = (items + 255) / 256;
+	size_t		most = (size_t) c->sm_count * (size_t) per_sm;
+
+	return (unsigned) (blocks < most ? blocks : most);
+}
+
 /* `n` zeroed counters. */
 unsigned   *g4c_counters(g4_cuda *c, size_t n);
 

@@ -991,17 +991,15 @@ static inline int
 gemm_split_finish(g4_cuda *c, const gemm_plan *p, const g4c_geglu_after *gg)
 {
 	size_t		count = (size_t) p->a.n * (size_t) p->a.N;
-	size_t		blocks = (count + 255) / 256;
+	unsigned	blocks = g4c_stride_grid(c, count, 8);
 
 	if (p->ksplit == 1)
 		return gg ? g4c_geglu(&c->base, p->y, p->a.n, gg->ff, gg->out) : G4_OK;
-	if (blocks > (size_t) c->sm_count * 8)
-		blocks = (size_t) c->sm_count * 8;
 	if (gg)
-		return g4c_launch(c, "matmul (gemm partial sums, geglu)", gemm_reduce_geglu_kernel, dim3((unsigned) blocks),
+		return g4c_launch(c, "matmul (gemm partial sums, geglu)", gemm_reduce_geglu_kernel, dim3(blocks),
 						  dim3(256), 0, (const float *) p->a.y, p->ksplit, p->a.n, gg->ff, gg->out,
 						  g4c_act_bf16_offer(c, gg->out, p->a.n, gg->ff));
-	return g4c_launch(c, "matmul (gemm partial sums)", gemm_reduce_kernel, dim3((unsigned) blocks), dim3(256), 0,
+	return g4c_launch(c, "matmul (gemm partial sums)", gemm_reduce_kernel, dim3(blocks), dim3(256), 0,
 					  (const float *) p->a.y, p->ksplit, count, p->y);
 }
 

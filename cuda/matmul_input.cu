@@ -37,12 +37,8 @@ to_bf16_kernel(const float *x, int n, int K, int Kp, uint16_t *xb)
 static int
 to_bf16(g4_cuda *c, const float *x, int n, int K, int Kp, uint16_t *xb)
 {
-	size_t		total = (size_t) n * (size_t) Kp;
-	size_t		blocks = (total + 255) / 256;
-
-	if (blocks > (size_t) c->sm_count * 32)
-		blocks = (size_t) c->sm_count * 32;
-	return g4c_launch(c, "matmul (to bf16)", to_bf16_kernel, dim3((unsigned) blocks), dim3(256), 0, x, n, K, Kp, xb);
+	return g4c_launch(c, "matmul (to bf16)", to_bf16_kernel, dim3(g4c_stride_grid(c, (size_t) n * (size_t) Kp, 32)),
+					  dim3(256), 0, x, n, K, Kp, xb);
 }
 
 uint16_t *
