@@ -141,6 +141,8 @@ typedef struct
 	/* the bf16 copy of a matmul input its producer wrote beside it
 	 * (matmul_input.cu), G4C_ACT_BF16_BYTES made with the backend */
 	void	   *act_bf16;
+	void	   *act_bf16_at;	/* where the copy on offer lies: act_bf16 or a
+								 * producer's own room (g4c_act_bf16_offer_in) */
 	const float *act_bf16_of;	/* its float32 source, NULL: none */
 	int			act_bf16_n,
 				act_bf16_K;
@@ -217,6 +219,9 @@ void	   *g4c_grow(g4_cuda *c, void **buf, size_t *have, size_t bytes, const char
  * may follow (matmul_input.cu); NULL: none (K not a multiple of 64, or
  * larger than G4C_ACT_BF16_BYTES). */
 uint16_t   *g4c_act_bf16_offer(g4_cuda *c, const float *y, int n, int K);
+/* The same in room of the caller's ([n][K] bf16, any size), which must hold
+ * its bytes until the next launch: the matmul that takes the copy. */
+uint16_t   *g4c_act_bf16_offer_in(g4_cuda *c, const float *y, int n, int K, uint16_t *room);
 /* Blocks of 256 threads for a grid-stride loop over `items`: one item a
  * thread, at most per_sm blocks per SM. */
 static inline unsigned
@@ -608,6 +613,9 @@ int			g4c_embed(g4_backend *be, const g4_weight *table, float scale, float *out)
 int			g4c_embed_concat(g4_backend *be, const g4_weight *table, float scale, const int32_t *ids,
 							 const float *h, int h_dim, int n, float *out);
 int			g4c_geglu(g4_backend *be, const float *gu, int n, int ff, float *out);
+/* GEGLU of a bf16 gate/up product gu [n][2ff] (ff a multiple of 8) into out
+ * and its bf16 copy outb, NULL: none */
+int			g4c_geglu_of_bf16(g4_cuda *c, const uint16_t *gu, int n, int ff, float *out, uint16_t *outb);
 int			g4c_matmul_geglu(g4_backend *be, const g4_weight *w, const float *x, int n, int ff, float *gu,
 							 float *out);
 int			g4c_gather_logit_rows(g4_backend *be, const float *x, int dim, float *out);
@@ -656,14 +664,17 @@ void		g4c_lt_free(g4_cuda *c);
 size_t		g4c_lt_held_bytes(const g4_cuda *c);
 void		g4c_lt_step_begin(g4_cuda *c);
 int			g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
+int			g4c_matmul_geglu_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *gu,
+								   const g4c_geglu_after *gg);
 
-/* One cuBLASLt product in column-major terms: per batch, D (m x n, float32,
- * leading dimension ldd) = op(A) · B with A stored m x k (lda), or k x m
- * when transa, and B stored k x n (ldb); operands f16 or bf16, float32
- * accumulation; batch strides in elements. */
+/* One cuBLASLt product in column-major terms: per batch, D (m x n, float32
+ * or bf16, leading dimension ldd) = op(A) · B with A stored m x k (lda), or
+ * k x m when transa, and B stored k x n (ldb); operands f16 or bf16,
+ * float32 accumulation; batch strides in elements. */
 typedef struct
 {
 	int			ab_f16;			/* operands f16, else bf16 */
+	int			d_bf16;			/* D rounded to bf16, else float32 */
 	int			transa;
 	int			m,
 				n,
@@ -677,7 +688,7 @@ typedef struct
 				sd;
 } g4c_lt_product;
 
-int			g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, float *D);
+int			g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, void *D);
 int			g4c_matmul_bf16(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_f32(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 /* matmul_w4_wgmma.cu */

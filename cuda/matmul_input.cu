@@ -42,17 +42,29 @@ to_bf16(g4_cuda *c, const float *x, int n, int K, int Kp, uint16_t *xb)
 }
 
 uint16_t *
-g4c_act_bf16_offer(g4_cuda *c, const float *y, int n, int K)
+g4c_act_bf16_offer_in(g4_cuda *c, const float *y, int n, int K, uint16_t *room)
 {
 	c->act_bf16_of = NULL;
 	/* K a multiple of 64: the copy is already the padded [n][Kp] layout */
-	if (n <= 0 || K % 64 != 0 || (size_t) n * (size_t) K * 2 > G4C_ACT_BF16_BYTES)
+	if (n <= 0 || K % 64 != 0 || !room)
 		return NULL;
 	c->act_bf16_of = y;
+	c->act_bf16_at = room;
 	c->act_bf16_n = n;
 	c->act_bf16_K = K;
 	c->act_bf16_write = c->writes + 1;	/* the producer's launch, next */
-	return (uint16_t *) c->act_bf16;
+	return room;
+}
+
+uint16_t *
+g4c_act_bf16_offer(g4_cuda *c, const float *y, int n, int K)
+{
+	if ((size_t) n * (size_t) K * 2 > G4C_ACT_BF16_BYTES)
+	{
+		c->act_bf16_of = NULL;
+		return NULL;
+	}
+	return g4c_act_bf16_offer_in(c, y, n, K, (uint16_t *) c->act_bf16);
 }
 
 /* The producer's copy of x [n][K] when nothing was written since it, else
@@ -64,7 +76,7 @@ act_bf16_take(g4_cuda *c, const float *x, int n, int K)
 		K == c->act_bf16_K;
 
 	c->act_bf16_of = NULL;
-	return ok ? (const uint16_t *) c->act_bf16 : NULL;
+	return ok ? (const uint16_t *) c->act_bf16_at : NULL;
 }
 
 const uint16_t *

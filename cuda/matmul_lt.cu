@@ -218,12 +218,13 @@ dequantised(g4_cuda *c, const g4_weight *w)
 #define LT_CHECK(c, call, what) do { cublasStatus_t _s = (call); \
 	if (_s != CUBLAS_STATUS_SUCCESS) { rc = lt_fail((c), _s, (what)); goto done; } } while (0)
 
-/* One product on cuBLASLt (float32 accumulation and output), described in
- * its column-major terms: g4c_lt_product in cuda_common.cuh. */
+/* One product on cuBLASLt (float32 accumulation), described in its
+ * column-major terms: g4c_lt_product in cuda_common.cuh. */
 int
-g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, float *D)
+g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, void *D)
 {
 	cudaDataType_t ab = p->ab_f16 ? CUDA_R_16F : CUDA_R_16BF;
+	cudaDataType_t dt = p->d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
 	cublasLtMatmulDesc_t op = NULL;
 	cublasLtMatrixLayout_t la = NULL,
 				lb = NULL,
@@ -244,7 +245,7 @@ g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, f
 	LT_CHECK(c, cublasLtMatrixLayoutCreate(&la, ab, p->transa ? p->k : p->m, p->transa ? p->m : p->k, p->lda),
 			 "layout");
 	LT_CHECK(c, cublasLtMatrixLayoutCreate(&lb, ab, p->k, p->n, p->ldb), "layout");
-	LT_CHECK(c, cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, p->m, p->n, p->ldd), "layout");
+	LT_CHECK(c, cublasLtMatrixLayoutCreate(&ld, dt, p->m, p->n, p->ldd), "layout");
 	if (p->batch > 1)
 	{
 		const struct
@@ -289,10 +290,11 @@ done:
 	return rc;
 }
 
-/* y[n][N] = x[n][K]·Wᵀ.  Column-major, as cuBLAS sees it: yᵀ (N x n) =
- * W (N x Kp, stored as its transpose, Kp x N) times xᵀ (Kp x n). */
-int
-g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+/* y[n][N] = x[n][K]·Wᵀ, float32 or (d_bf16) bf16.  Column-major, as cuBLAS
+ * sees it: yᵀ (N x n) = W (N x Kp, stored as its transpose, Kp x N) times
+ * xᵀ (Kp x n). */
+static int
+lt_product(g4_cuda *c, const g4_weight *w, const float *x, int n, void *y, int d_bf16)
 {
 	int			Kp = (int) w->ktiles * 64;
 	int			N = (int) w->out;
@@ -307,6 +309,7 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 	if (!wb)
 		return c->err_code;
 	memset(&p, 0, sizeof(p));
+	p.d_bf16 = d_bf16;
 	p.transa = 1;
 	p.m = N;
 	p.n = n;
@@ -316,4 +319,38 @@ g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y
 	p.ldd = N;
 	p.batch = 1;
 	return g4c_lt_gemm(c, &p, wb, xb, y);
+}
+
+int
+g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y)
+{
+	return lt_product(c, w, x, n, y, 0);
+}
+
+/*
+ * The MLP's gate/up product and GEGLU at prefill row counts: the product
+ * leaves cuBLASLt rounded to bf16 (the down product reads GEGLU's output
+ * as bf16 anyway), in the first half of gu's bytes, and GEGLU writes its
+ * float32 output and, in the second half, the bf16 copy that down takes
+ * (g4c_act_bf16_offer_in), whatever the rows: half the product's bytes
+ * written and read again, and no conversion before down (a 2k prompt's
+ * MLP slices of 1,024 rows: 252 MB a layer less; RESULTS.md, run 118).
+ * gu [n][2ff] float32 holds both: 4·n·ff bytes of product, then 2·n·ff of
+ * copy.
+ */
+int
+g4c_matmul_geglu_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *gu, const g4c_geglu_after *gg)
+{
+	uint16_t   *prod = (uint16_t *) gu;
+	uint16_t   *copy = prod + (size_t) n * 2 * (size_t) gg->ff;
+
+	if (gg->ff % 8 != 0 || w->out != (int64_t) 2 * gg->ff)
+	{
+		int			rc = lt_product(c, w, x, n, gu, 0);
+
+		return rc != G4_OK ? rc : g4c_geglu(&c->base, gu, n, gg->ff, gg->out);
+	}
+	if (lt_product(c, w, x, n, prod, 1) != G4_OK)
+		return c->err_code;
+	return g4c_geglu_of_bf16(c, prod, n, gg->ff, gg->out, g4c_act_bf16_offer_in(c, gg->out, n, gg->ff, copy));
 }

@@ -115,7 +115,7 @@ g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y, c
 		(force ? strcmp(force, "gemv") == 0 : n <= (c->wgmma ? I4_GEMV_MAX_ROWS_HOPPER : I4_GEMV_MAX_ROWS)))
 		rc = g4c_gemv_i4(c, w, x, n, y);
 	else if (force ? strcmp(force, "lt") == 0 : n > (c->wgmma ? I4_WGMMA_MAX_ROWS : I4_LT_MIN_ROWS - 1))
-		rc = g4c_matmul_i4_lt(c, w, x, n, y);
+		return gg ? g4c_matmul_geglu_i4_lt(c, w, x, n, y, gg) : g4c_matmul_i4_lt(c, w, x, n, y);
 	else if (c->wgmma && (force ? strcmp(force, "wgmma") == 0 : n <= I4_WGMMA_MAX_ROWS))
 		return g4c_matmul_i4_wgmma(c, w, x, n, y, gg);
 	else if (n <= 32)

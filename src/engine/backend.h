@@ -201,8 +201,10 @@ typedef struct
 	int			(*geglu) (g4_backend *be, const float *gu, int n, int ff, float *out);
 
 	/* out[n][ff] = geglu of x[n][w.in] · wᵀ (w: gate and up fused, w.out =
-	 * 2 ff), exactly matmul into gu then geglu; gu [n][2ff] is the
-	 * backend's to use and holds nothing defined afterwards. */
+	 * 2 ff): matmul into gu then geglu, within matmul's bound at n rows
+	 * (the CUDA backend's prefill row counts round the product to bf16
+	 * first); gu [n][2ff] is the backend's to use and holds nothing defined
+	 * afterwards. */
 	int			(*matmul_geglu) (g4_backend *be, const g4_weight *w, const float *x, int n, int ff,
 								 float *gu, float *out);
 

@@ -28,8 +28,9 @@
  *           --lt-algos N: cuBLASLt alone, with each of its heuristic's
  *           first N algorithms, G4_LT_ALGO).
  * knockout  each kind of operation's share of the recorded decode step
- *           (B = 1, 16, 64 at 2k): the step timed with that kind left out
- *           (bench_knockout), against the whole step.
+ *           (B = 1, 16, 64 at 2k) and of a 2k prompt's prefill: the step
+ *           timed with that kind left out (bench_knockout), against the
+ *           whole step.
  * capacity  for bf16 and turboquant_k8v4: how many 262,144-token sequences
  *           the pool's accounting says fit next to the weights at 95 % of
  *           device memory, then that many reserved at full length and
@@ -646,6 +647,25 @@ bench_knockout(void)
 	ko_ops.head_norm_rope = ko_head_norm_rope;
 	ko_ops.kv_store = ko_kv_store;
 	be->ops = &ko_ops;
+	/* the prefill of a 2k prompt (one step, no graph): best of three */
+	{
+		double		whole = 0;
+
+		for (ko_what = KO_NONE; ko_what < KO_COUNT; ko_what++)
+		{
+			double		dt = 1e30;
+
+			for (int r = 0; r < 3; r++)
+				dt = G4_MIN(dt, prefill_run(2048));
+			if (ko_what == KO_NONE)
+				whole = dt;
+			printf("BENCH knockout kv=%s prefill=2048 left_out=\"%s\" ms_per_step=%.3f in_step_ms=%.3f share=%.3f\n",
+				   kv_name(kv_dtype), ko_names[ko_what], dt * 1e3, (whole - dt) * 1e3, (whole - dt) / whole);
+			if (ko_what != KO_NONE)
+				note("in prefill 2k %-28s %7.3f ms of %.3f", ko_names[ko_what], (whole - dt) * 1e3, whole * 1e3);
+			fflush(stdout);
+		}
+	}
 	for (size_t i = 0; i < G4_ARRAY_LEN(batches); i++)
 	{
 		int			B = batches[i];

@@ -256,6 +256,7 @@ enum
 	PRODUCED_RMSNORM, PRODUCED_ADD_RMSNORM, PRODUCED_GEGLU,
 	PRODUCED_THEN_UPLOAD,		/* rmsnorm, then new rows uploaded over its output */
 	PRODUCED_THEN_KERNEL,		/* rmsnorm, then softcap in place on its output */
+	PRODUCED_MATMUL_GEGLU,		/* a gate/up product and GEGLU (their copy in gu) */
 };
 #define PRODUCED_N 1000
 #define PRODUCED(producer, n) (PRODUCED_N * PRODUCED_##producer + (n))
@@ -330,6 +331,7 @@ extern const parity_kind parity_matmul_int4,
 			parity_matmul_reused,
 			parity_matmul_produced,
 			parity_matmul_geglu,
+			parity_matmul_geglu_bf16,
 			parity_embed,
 			parity_embed_concat,
 			parity_argmax,

@@ -1,7 +1,8 @@
 /*
  * parity_matmul.c — the matmul cases: one weight (its parts fused) against
  * the CPU backend at each row count of its row, with the error relative to
- * Σ|w·x| (the CPU backend's product of |W| and |x|); the same product again
+ * Σ|w·x| (the CPU backend's product of |W| and |x|), and a gate/up product
+ * through GEGLU with that bound carried through it; the same product again
  * on the GPU must be bit for bit the first (deterministic reductions); and
  * weights dequantised once and kept in slots across calls.
  */
@@ -294,7 +295,9 @@ const parity_kind parity_matmul_reused = {
  * matmul on its output twice: the first takes the copy, the second (the
  * first's launches end the copy) converts.  Metric 0: the first product
  * against the CPU's on the matmul's input; 1: the outputs that differ
- * between the two (the copy is the conversion's bytes: none may).  Two
+ * between the two (the copy is the conversion's bytes: none may).  The
+ * gate/up product and GEGLU at prefill rows leave their copy in their own
+ * gu buffer rather than the backend's (matmul_lt.cu).  Two
  * expansions write the input again between the producer and the matmul
  * (an upload of new rows; a soft-cap in place): the copy no longer stands
  * for it, and a matmul that took it would miss metric 0's bound by far.
@@ -303,7 +306,7 @@ static int
 produced_describe(const parity_row *r, int i, char *label, size_t size)
 {
 	static const char *const names[] = {"rmsnorm", "add_rmsnorm", "geglu", "rmsnorm, then an upload of new rows",
-	"rmsnorm, then a kernel writing its output"};
+	"rmsnorm, then a kernel writing its output", "matmul_geglu"};
 	const mm_args *a = &r->a.mm;
 
 	snprintf(label, size, "after %s: %s n=%d out=%lld in=%lld%s", names[r->each[i] / PRODUCED_N],
@@ -343,6 +346,17 @@ produced_run(const parity_row *r, void *fx, int i, double *metric)
 		P_RUN(gpu_be, add_rmsnorm, dres, din, dw, n, K, 1e-6f, 1.0f, dw, dx);
 	else if (producer == PRODUCED_GEGLU)
 		P_RUN(gpu_be, geglu, din, n, K, dx);
+	else if (producer == PRODUCED_MATMUL_GEGLU)
+	{
+		/* gate and up of K outputs each over 640 inputs (the rows of in) */
+		g4_host_weight parts[2];
+		g4_weight  *gu_w;
+
+		host_weight_make(&parts[0], G4_W_I4G32, K, 640);
+		host_weight_make(&parts[1], G4_W_I4G32, K, 640);
+		gu_w = p_weight(gpu_be, parts, 2);
+		P_RUN(gpu_be, matmul_geglu, gu_w, din, n, K, gpu_alloc(nx * 2 * 4), dx);
+	}
 	else
 		P_RUN(gpu_be, rmsnorm, din, dw, n, K, 1e-6f, dx);
 	if (producer == PRODUCED_THEN_UPLOAD)
@@ -435,4 +449,90 @@ const parity_kind parity_matmul_geglu = {
 	.setup = matmul_geglu_setup,
 	.teardown = matmul_teardown,
 	.run = matmul_geglu_run,
+};
+
+/* ---- the gate/up product rounded to bf16, then GEGLU ------------------------------ */
+
+/* |gelu_tanh'| <= 1.13 everywhere (its extremes: 1.129 near 1.5, -0.129
+ * near -1.5) */
+#define GELU_SLOPE_MAX 1.13
+/* the bf16-class bound of a product (parity_table.c's WHY_BF16) */
+#define PRODUCT_EPS 8e-3
+
+static double
+gelu_tanh_ref(double x)
+{
+	return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+static int
+geglu_bf16_describe(const parity_row *r, int i, char *label, size_t size)
+{
+	matmul_geglu_describe(r, i, label, size);
+	return 1;
+}
+
+/*
+ * matmul_geglu where the product is rounded to bf16 before GEGLU (cuBLASLt's
+ * rows, matmul_lt.cu), against the CPU's matmul then GEGLU.  A product
+ * error of at most ε·A (A = Σ|w·x| of the output) moves gelu(g)·u by at
+ * most ε·(L·A_g·(|u| + ε·A_u) + |gelu(g)|·A_u), L the largest |gelu'|: the
+ * metric is the worst |Δ| over that bracket with ε = PRODUCT_EPS inside,
+ * so that it meets the product's own bound ε.
+ */
+static void
+geglu_bf16_run(const parity_row *r, void *fx, int i, double *metric)
+{
+	const mm_weight *m = fx;
+	int			n = r->each[i],
+				ff = (int) r->a.mm.outs[0];
+	size_t		nx = (size_t) n * (size_t) m->in,
+				ngu = (size_t) n * 2 * (size_t) ff,
+				no = (size_t) n * (size_t) ff;
+	float	   *x = p_malloc(nx * 4),
+			   *ax = p_malloc(nx * 4),
+			   *yc = p_malloc(ngu * 4),
+			   *ya = p_malloc(ngu * 4),
+			   *og = p_malloc(no * 4);
+	float	   *dx,
+			   *dgu = gpu_alloc(ngu * 4),
+			   *dout = gpu_alloc(no * 4);
+	double		worst = 0.0;
+	size_t		k;
+
+	fill_normal(x, nx, 1.0f);
+	dx = gpu_copy(x, nx * 4);
+	gpu_be->ops->fill(gpu_be, dout, 0xff, no * 4);
+	matmul_force(r->a.mm.force ? r->a.mm.force : matmul_initial_force());
+	P_RUN(gpu_be, matmul_geglu, m->wg, dx, n, ff, dgu, dout);
+	matmul_force(matmul_initial_force());
+	gpu_get(og, dout, no * 4);
+	for (k = 0; k < nx; k++)
+		ax[k] = fabsf(x[k]);
+	P_RUN(cpu_be, matmul, m->wc, x, n, yc);
+	P_RUN(cpu_be, matmul, m->wa, ax, n, ya);
+	for (k = 0; k < no; k++)
+	{
+		size_t		t = k / (size_t) ff,
+					j = k % (size_t) ff;
+		double		g = yc[t * 2 * ff + j],
+					u = yc[t * 2 * ff + ff + j],
+					ag = ya[t * 2 * ff + j],
+					au = ya[t * 2 * ff + ff + j];
+		double		ref = gelu_tanh_ref(g) * u;
+		double		bracket = GELU_SLOPE_MAX * ag * (fabs(u) + PRODUCT_EPS * au) + fabs(gelu_tanh_ref(g)) * au;
+		double		e = fabs((double) og[k] - ref) / (bracket + 1e-30);
+
+		if (e > worst || e != e)
+			worst = e;
+	}
+	metric[0] = worst;
+}
+
+const parity_kind parity_matmul_geglu_bf16 = {
+	.family = "matmul_int4",
+	.describe = geglu_bf16_describe,
+	.setup = matmul_setup,
+	.teardown = matmul_teardown,
+	.run = geglu_bf16_run,
 };

@@ -39,6 +39,7 @@
 #define WHY_REPEAT "exact: outputs differing between two calls (deterministic reductions)"
 #define WHY_PRODUCED "exact: outputs differing from the product of the producer's output converted"
 #define WHY_GEGLU_FUSED "exact: outputs differing from matmul then geglu (each checked against the CPU above)"
+#define WHY_GEGLU_BF16 "bf16-class: the product's bound (8e-3 of sum |w.x|, the product rounded to bf16 too) carried through gelu (|gelu'| <= 1.13) and up"
 #define WHY_COPY "exact: elements differing (rows copied, dequantised and scaled alike)"
 #define WHY_ARGMAX "exact: rows differing (ties to the first, NaN at 0 kept, elsewhere never, all -inf: 0)"
 #define WHY_NORM "float32-class: float32 sums of squares in another order"
@@ -172,7 +173,8 @@ const parity_row parity_table[] = {
 	 */
 	{.kind = &parity_matmul_produced, .a.mm = {G4_W_I4G32, 1, {512}, 3840},
 	 EACH(PRODUCED(RMSNORM, 16), PRODUCED(RMSNORM, 520), PRODUCED(ADD_RMSNORM, 16), PRODUCED(ADD_RMSNORM, 64),
-		  PRODUCED(GEGLU, 64), PRODUCED(GEGLU, 520), PRODUCED(THEN_UPLOAD, 16), PRODUCED(THEN_KERNEL, 64)),
+		  PRODUCED(GEGLU, 64), PRODUCED(GEGLU, 520), PRODUCED(THEN_UPLOAD, 16), PRODUCED(THEN_KERNEL, 64),
+		  PRODUCED(MATMUL_GEGLU, 520)),
 	 .check = {{"matmul produced", NULL, 8e-3, WHY_BF16}, {"matmul produced same", NULL, 0.0, WHY_PRODUCED}},
 	 .seed = 14},
 	{.kind = &parity_matmul_produced, .a.mm = {G4_W_I4G32, 1, {512}, 5120}, EACH(PRODUCED(ADD_RMSNORM, 40)),
@@ -183,13 +185,19 @@ const parity_row parity_table[] = {
 
 	/*
 	 * The gate/up product and GEGLU as one operation (matmul_geglu): the
-	 * 12B's shape at the GEMV's rows (4), wgmma's with K split in two (16,
-	 * 64) and cuBLASLt's (520); a narrow one whose K splits in many ranges
-	 * (16 rows), and the mma.sync gemm forced; bit for bit matmul then
-	 * geglu (seed 15).
+	 * 12B's shape at the GEMV's rows (4) and wgmma's with K split in two
+	 * (16, 64); a narrow one whose K splits in many ranges (16 rows), and
+	 * the mma.sync gemm forced; bit for bit matmul then geglu (seed 15).
+	 * On cuBLASLt (prefill rows: 520, 1,100; and forced) the product is
+	 * rounded to bf16 before GEGLU: against the CPU, the product's bound
+	 * carried through GEGLU.
 	 */
-	{.kind = &parity_matmul_geglu, .a.mm = {G4_W_I4G32, 2, {15360, 15360}, 3840}, EACH(4, 16, 64, 520),
+	{.kind = &parity_matmul_geglu, .a.mm = {G4_W_I4G32, 2, {15360, 15360}, 3840}, EACH(4, 16, 64),
 	 CHECK1("matmul_geglu", 0.0, WHY_GEGLU_FUSED), .seed = 15},
+	{.kind = &parity_matmul_geglu_bf16, .a.mm = {G4_W_I4G32, 2, {15360, 15360}, 3840}, EACH(520, 1100),
+	 CHECK1("matmul_geglu bf16", 8e-3, WHY_GEGLU_BF16)},
+	{.kind = &parity_matmul_geglu_bf16, .a.mm = {G4_W_I4G32, 2, {512, 512}, 3840, "lt"}, EACH(40),
+	 CHECK1("matmul_geglu bf16", 8e-3, WHY_GEGLU_BF16)},
 	{.kind = &parity_matmul_geglu, .a.mm = {G4_W_I4G32, 2, {512, 512}, 3840}, EACH(16, 100),
 	 CHECK1("matmul_geglu", 0.0, WHY_GEGLU_FUSED)},
 	{.kind = &parity_matmul_geglu, .a.mm = {G4_W_I4G32, 2, {512, 512}, 3840, "gemm"}, EACH(40),
