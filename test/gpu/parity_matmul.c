@@ -412,34 +412,48 @@ matmul_geglu_describe(const parity_row *r, int i, char *label, size_t size)
 	return 1;
 }
 
-/* metric: the outputs that differ from matmul then geglu */
-static void
-matmul_geglu_run(const parity_row *r, void *fx, int i, double *metric)
+/*
+ * matmul_geglu on the GPU on fresh activations x [n][in] (returned), on the
+ * row's path: its output into o [n][ff] (host); when o2 is given, also
+ * matmul then geglu into o2.
+ */
+static float *
+geglu_gpu_run(const parity_row *r, const g4_weight *w, int n, float *o, float *o2)
 {
-	const g4_weight *w = fx;
-	int			n = r->each[i],
-				ff = (int) r->a.mm.outs[0];
+	int			ff = (int) r->a.mm.outs[0];
 	size_t		nx = (size_t) n * (size_t) r->a.mm.in,
 				ngu = (size_t) n * 2 * (size_t) ff,
 				no = (size_t) n * (size_t) ff;
-	float	   *x = p_malloc(nx * 4),
-			   *o = p_malloc(no * 4),
-			   *o2 = p_malloc(no * 4);
+	float	   *x = p_malloc(nx * 4);
 	float	   *dx,
 			   *dgu = gpu_alloc(ngu * 4),
-			   *dout = gpu_alloc(no * 4),
-			   *dout2 = gpu_alloc(no * 4);
+			   *dout = gpu_alloc(no * 4);
 
 	fill_normal(x, nx, 1.0f);
 	dx = gpu_copy(x, nx * 4);
 	gpu_be->ops->fill(gpu_be, dout, 0xff, no * 4);
 	matmul_force(r->a.mm.force ? r->a.mm.force : matmul_initial_force());
 	P_RUN(gpu_be, matmul_geglu, w, dx, n, ff, dgu, dout);
-	P_RUN(gpu_be, matmul, w, dx, n, dgu);
-	P_RUN(gpu_be, geglu, dgu, n, ff, dout2);
-	matmul_force(matmul_initial_force());
 	gpu_get(o, dout, no * 4);
-	gpu_get(o2, dout2, no * 4);
+	if (o2)
+	{
+		P_RUN(gpu_be, matmul, w, dx, n, dgu);
+		P_RUN(gpu_be, geglu, dgu, n, ff, dout);
+		gpu_get(o2, dout, no * 4);
+	}
+	matmul_force(matmul_initial_force());
+	return x;
+}
+
+/* metric: the outputs that differ from matmul then geglu */
+static void
+matmul_geglu_run(const parity_row *r, void *fx, int i, double *metric)
+{
+	size_t		no = (size_t) r->each[i] * (size_t) r->a.mm.outs[0];
+	float	   *o = p_malloc(no * 4),
+			   *o2 = p_malloc(no * 4);
+
+	geglu_gpu_run(r, fx, r->each[i], o, o2);
 	metric[0] = count_differing_words(o, o2, no);
 }
 
@@ -465,13 +479,6 @@ gelu_tanh_ref(double x)
 	return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
 
-static int
-geglu_bf16_describe(const parity_row *r, int i, char *label, size_t size)
-{
-	matmul_geglu_describe(r, i, label, size);
-	return 1;
-}
-
 /*
  * matmul_geglu where the product is rounded to bf16 before GEGLU (cuBLASLt's
  * rows, matmul_lt.cu), against the CPU's matmul then GEGLU.  A product
@@ -489,24 +496,14 @@ geglu_bf16_run(const parity_row *r, void *fx, int i, double *metric)
 	size_t		nx = (size_t) n * (size_t) m->in,
 				ngu = (size_t) n * 2 * (size_t) ff,
 				no = (size_t) n * (size_t) ff;
-	float	   *x = p_malloc(nx * 4),
+	float	   *og = p_malloc(no * 4),
 			   *ax = p_malloc(nx * 4),
 			   *yc = p_malloc(ngu * 4),
-			   *ya = p_malloc(ngu * 4),
-			   *og = p_malloc(no * 4);
-	float	   *dx,
-			   *dgu = gpu_alloc(ngu * 4),
-			   *dout = gpu_alloc(no * 4);
+			   *ya = p_malloc(ngu * 4);
+	float	   *x = geglu_gpu_run(r, m->wg, n, og, NULL);
 	double		worst = 0.0;
 	size_t		k;
 
-	fill_normal(x, nx, 1.0f);
-	dx = gpu_copy(x, nx * 4);
-	gpu_be->ops->fill(gpu_be, dout, 0xff, no * 4);
-	matmul_force(r->a.mm.force ? r->a.mm.force : matmul_initial_force());
-	P_RUN(gpu_be, matmul_geglu, m->wg, dx, n, ff, dgu, dout);
-	matmul_force(matmul_initial_force());
-	gpu_get(og, dout, no * 4);
 	for (k = 0; k < nx; k++)
 		ax[k] = fabsf(x[k]);
 	P_RUN(cpu_be, matmul, m->wc, x, n, yc);
@@ -531,7 +528,7 @@ geglu_bf16_run(const parity_row *r, void *fx, int i, double *metric)
 
 const parity_kind parity_matmul_geglu_bf16 = {
 	.family = "matmul_int4",
-	.describe = geglu_bf16_describe,
+	.describe = matmul_geglu_describe,
 	.setup = matmul_setup,
 	.teardown = matmul_teardown,
 	.run = geglu_bf16_run,
