@@ -344,7 +344,7 @@ g4c_matmul_geglu_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, fl
 	uint16_t   *prod = (uint16_t *) gu;
 	uint16_t   *copy = prod + (size_t) n * 2 * (size_t) gg->ff;
 
-	if (gg->ff % 8 != 0 || w->out != (int64_t) 2 * gg->ff)
+	if (gg->ff % 8 != 0)
 	{
 		int			rc = lt_product(c, w, x, n, gu, 0);
 

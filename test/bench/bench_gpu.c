@@ -177,65 +177,40 @@ bench_decode(void)
 
 /* ---- prefill ----------------------------------------------------------------- */
 
+/* seqs prompts of P tokens each (slots 0 ..), prefilled together in steps
+ * of up to MAX_TOKENS tokens: seconds to their first tokens */
 static double
-prefill_run(int P)
+prefill_run(int seqs, int P)
 {
-	int32_t    *tok = malloc((size_t) MAX_TOKENS * sizeof(int32_t));
-	int32_t		id;
-	g4_err		err;
-	double		t0;
-	int			p0;
-
-	D.use_graphs = 0;
-	t0 = g4_now();
-	for (p0 = 0; p0 < P; p0 += MAX_TOKENS)
-	{
-		drv_item	it;
-		int			i;
-
-		it.slot = 0;
-		it.start = p0;
-		it.count = G4_MIN(MAX_TOKENS, P - p0);
-		it.logits = p0 + it.count == P;
-		for (i = 0; i < it.count; i++)
-			tok[i] = rand_token();
-		if (drv_step(&D, 1, &it, tok, &err) != G4_OK)
-			die(&err, "prefill step");
-	}
-	if (drv_argmax(&D, &id, &err) != G4_OK)
-		die(&err, "prefill logits");
-	t0 = g4_now() - t0;
-	drv_release(&D, 0, P);
-	free(tok);
-	return t0;
-}
-
-/* seqs prompts of P tokens each in one step: seconds to their first
- * tokens */
-static double
-prefill_batch_run(int seqs, int P)
-{
-	int32_t    *tok = malloc((size_t) seqs * (size_t) P * sizeof(int32_t));
+	int			per = G4_MIN(MAX_TOKENS / seqs, P);	/* tokens of each prompt a step */
+	int32_t    *tok = malloc((size_t) seqs * (size_t) per * sizeof(int32_t));
 	int32_t    *ids = malloc((size_t) seqs * sizeof(int32_t));
 	drv_item   *it = malloc((size_t) seqs * sizeof(drv_item));
 	g4_err		err;
 	double		t0;
 
-	if (!tok || !ids || !it || (size_t) seqs * (size_t) P > MAX_TOKENS || seqs > MAX_SEQS)
-		die(NULL, "prefill batch: too large");
-	for (int i = 0; i < seqs * P; i++)
-		tok[i] = rand_token();
-	for (int s = 0; s < seqs; s++)
-	{
-		it[s].slot = s;
-		it[s].start = 0;
-		it[s].count = P;
-		it[s].logits = 1;
-	}
+	if (!tok || !ids || !it || per < 1 || seqs > MAX_SEQS)
+		die(NULL, "prefill: too many prompts");
 	D.use_graphs = 0;
 	t0 = g4_now();
-	if (drv_step(&D, seqs, it, tok, &err) != G4_OK || drv_argmax(&D, ids, &err) != G4_OK)
-		die(&err, "prefill batch step");
+	for (int p0 = 0; p0 < P; p0 += per)
+	{
+		int			count = G4_MIN(per, P - p0);
+
+		for (int s = 0; s < seqs; s++)
+		{
+			it[s].slot = s;
+			it[s].start = p0;
+			it[s].count = count;
+			it[s].logits = p0 + count == P;
+		}
+		for (int i = 0; i < seqs * count; i++)
+			tok[i] = rand_token();
+		if (drv_step(&D, seqs, it, tok, &err) != G4_OK)
+			die(&err, "prefill step");
+	}
+	if (drv_argmax(&D, ids, &err) != G4_OK)
+		die(&err, "prefill logits");
 	t0 = g4_now() - t0;
 	for (int s = 0; s < seqs; s++)
 		drv_release(&D, s, P);
@@ -251,7 +226,7 @@ bench_prefill(void)
 	static const int lens[] = {2048, 32768};
 	size_t		i;
 
-	prefill_run(2048);			/* warm-up: scratch buffers, module loading */
+	prefill_run(1, 2048);		/* warm-up: scratch buffers, module loading */
 	for (i = 0; i < G4_ARRAY_LEN(lens); i++)
 	{
 		double		best = 1e30;
@@ -259,7 +234,7 @@ bench_prefill(void)
 
 		for (r = 0; r < (lens[i] <= 2048 ? 3 : 1); r++)
 		{
-			double		t = prefill_run(lens[i]);
+			double		t = prefill_run(1, lens[i]);
 
 			best = t < best ? t : best;
 		}
@@ -273,7 +248,7 @@ bench_prefill(void)
 		double		best = 1e30;
 
 		for (int r = 0; r < 3; r++)
-			best = G4_MIN(best, prefill_batch_run(seqs, 2048));
+			best = G4_MIN(best, prefill_run(seqs, 2048));
 		printf("BENCH prefill kv=%s tokens=2048 prompts=%d step_s=%.4f tok_s=%.1f\n", kv_name(kv_dtype), seqs, best,
 			   seqs * 2048 / best);
 		note("prefill %d x 2048 tokens in one step  %8.1f tok/s  %.3f s", seqs, seqs * 2048 / best, best);
@@ -678,6 +653,47 @@ ko_kv_store(g4_backend *b, const g4_kv_layer *L, const float *k, int k_stride, c
 	return ko_what == KO_ROPE_STORE ? G4_OK : ko_real->kv_store(b, L, k, k_stride, v, v_stride, n);
 }
 
+/* The prefill of one prompt of P tokens (no graph): best of three. */
+static double
+ko_time_prefill(int P)
+{
+	double		dt = 1e30;
+
+	for (int r = 0; r < 3; r++)
+		dt = G4_MIN(dt, prefill_run(1, P));
+	return dt;
+}
+
+/* A recorded decode step of B sequences at 2k. */
+static double
+ko_time_decode(int B)
+{
+	double		bytes;
+
+	return decode_run(B, 2048, B == 1 ? 64 : 24, 1, &bytes);
+}
+
+/* timer(arg) with each kind left out in turn, against the whole: printed
+ * under key, summarised as "in <label>" */
+static void
+ko_sweep(const char *key, const char *label, double (*timer) (int), int arg)
+{
+	double		whole = 0;
+
+	for (ko_what = KO_NONE; ko_what < KO_COUNT; ko_what++)
+	{
+		double		dt = timer(arg);
+
+		if (ko_what == KO_NONE)
+			whole = dt;
+		printf("BENCH knockout kv=%s %s left_out=\"%s\" ms_per_step=%.3f in_step_ms=%.3f share=%.3f\n",
+			   kv_name(kv_dtype), key, ko_names[ko_what], dt * 1e3, (whole - dt) * 1e3, (whole - dt) / whole);
+		if (ko_what != KO_NONE)
+			note("in %-12s %-28s %7.3f ms of %.3f", label, ko_names[ko_what], (whole - dt) * 1e3, whole * 1e3);
+		fflush(stdout);
+	}
+}
+
 static void
 bench_knockout(void)
 {
@@ -694,44 +710,15 @@ bench_knockout(void)
 	ko_ops.head_norm_rope = ko_head_norm_rope;
 	ko_ops.kv_store = ko_kv_store;
 	be->ops = &ko_ops;
-	/* the prefill of a 2k prompt (one step, no graph): best of three */
-	{
-		double		whole = 0;
-
-		for (ko_what = KO_NONE; ko_what < KO_COUNT; ko_what++)
-		{
-			double		dt = 1e30;
-
-			for (int r = 0; r < 3; r++)
-				dt = G4_MIN(dt, prefill_run(2048));
-			if (ko_what == KO_NONE)
-				whole = dt;
-			printf("BENCH knockout kv=%s prefill=2048 left_out=\"%s\" ms_per_step=%.3f in_step_ms=%.3f share=%.3f\n",
-				   kv_name(kv_dtype), ko_names[ko_what], dt * 1e3, (whole - dt) * 1e3, (whole - dt) / whole);
-			if (ko_what != KO_NONE)
-				note("in prefill 2k %-28s %7.3f ms of %.3f", ko_names[ko_what], (whole - dt) * 1e3, whole * 1e3);
-			fflush(stdout);
-		}
-	}
+	ko_sweep("prefill=2048", "prefill 2k", ko_time_prefill, 2048);
 	for (size_t i = 0; i < G4_ARRAY_LEN(batches); i++)
 	{
-		int			B = batches[i];
-		double		bytes,
-					whole = 0;
+		char		key[32],
+					label[32];
 
-		for (ko_what = KO_NONE; ko_what < KO_COUNT; ko_what++)
-		{
-			double		dt = decode_run(B, 2048, B == 1 ? 64 : 24, 1, &bytes);
-
-			if (ko_what == KO_NONE)
-				whole = dt;
-			printf("BENCH knockout kv=%s batch=%d ctx=2048 left_out=\"%s\" ms_per_step=%.3f in_step_ms=%.3f "
-				   "share=%.3f\n", kv_name(kv_dtype), B, ko_names[ko_what], dt * 1e3, (whole - dt) * 1e3,
-				   (whole - dt) / whole);
-			if (ko_what != KO_NONE)
-				note("in step B=%-3d %-28s %7.3f ms of %.3f", B, ko_names[ko_what], (whole - dt) * 1e3, whole * 1e3);
-			fflush(stdout);
-		}
+		snprintf(key, sizeof(key), "batch=%d ctx=2048", batches[i]);
+		snprintf(label, sizeof(label), "step B=%-3d", batches[i]);
+		ko_sweep(key, label, ko_time_decode, batches[i]);
 	}
 	ko_what = KO_NONE;
 	be->ops = ko_real;
