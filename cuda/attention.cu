@@ -832,7 +832,9 @@ typedef struct
  *  - prefill kernel (attention_prefill.cu): head_dim 256 without k_eq_v,
  *    where the device holds its shared memory and the step has 64 tokens
  *    or more in tiles a quarter full on average (prefill chunks: a 2k
- *    chunk's sliding layers 33.5 -> 24.3 ms, run 31).  Not verify steps
+ *    chunk's sliding layers 33.5 -> 24.3 ms, run 31); its warpgroup-MMA
+ *    form on sm_90a for turboquant pools (G4_ATTN_PREFILL=mma keeps the
+ *    mma.sync one).  Not verify steps
  *    (5 tokens in a 64-token tile: forced a = 3 drafting at batch 1 fell
  *    from 2.14x to 1.62x of plain decode) nor full layers (11.1 -> 14.6 ms
  *    there).  G4_ATTN=tc keeps the tensor-core kernel;
@@ -912,7 +914,12 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 	}
 	if (!(tc_env && strcmp(tc_env, "tc") == 0))
 	{
-		ch->fn = g4c_attention_prefill_kernel(hd, L->k_eq_v, dtype, gq, &ch->rows, &ch->threads, &ch->smem);
+		/* G4_ATTN_PREFILL=mma keeps the mma.sync prefill kernel on sm_90a
+		 * too (read at every call: the parity rows set it per row) */
+		const char *pf_env = getenv("G4_ATTN_PREFILL");
+		int			wg = c->wgmma && !(pf_env && strcmp(pf_env, "mma") == 0);
+
+		ch->fn = g4c_attention_prefill_kernel(hd, L->k_eq_v, dtype, gq, wg, &ch->rows, &ch->threads, &ch->smem);
 		/* tiles at least a quarter full on average */
 		if (ch->fn && ch->smem <= smem_max && n >= 64 &&
 			4 * n >= c->n_tiles[log2i(ch->rows / gq)] * (ch->rows / gq))

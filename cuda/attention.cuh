@@ -83,8 +83,10 @@ typedef void (*attn_kernel_fn) (attn_args);
 int			g4c_attention_gemm_serves(const g4_cuda *c, const attn_args *a);
 int			g4c_attention_gemm(g4_cuda *c, const attn_args *a);
 
-/* attention_prefill.cu: its kernel for this geometry, or NULL */
-attn_kernel_fn g4c_attention_prefill_kernel(int hd, int k_eq_v, int dtype, int gq, int *rows, int *threads, int *smem);
+/* attention_prefill.cu: its kernel for this geometry, or NULL (wgmma: the
+ * device runs the sm_90a kernels) */
+attn_kernel_fn g4c_attention_prefill_kernel(int hd, int k_eq_v, int dtype, int gq, int wgmma, int *rows, int *threads,
+											int *smem);
 
 /* Head block of (slot, position) for KV head g, or NULL. */
 __device__ __forceinline__ const uint8_t *
@@ -349,6 +351,27 @@ swz(int row, int d)
 	return row * HD * 2 + ((((d >> 3) ^ (row & 7))) << 4) + ((d & 7) << 1);
 }
 
+/* Byte offset of element (row, d) of a 16-bit tile of ROWS rows in the
+ * warpgroup-MMA layout (wgmma.cuh): [HD / 64][ROWS][128 bytes], each row's
+ * 16-byte chunks XOR-swizzled by row. */
+template <int HD, int ROWS>
+__device__ __forceinline__ int
+wgt_off(int row, int d)
+{
+	return (d >> 6) * ROWS * 128 + row * 128 + ((((d >> 3) & 7) ^ (row & 7)) << 4) + ((d & 7) << 1);
+}
+
+/* swz, or wgt_off where WROWS (the tile's rows) is not 0 */
+template <int HD, int WROWS>
+__device__ __forceinline__ int
+qtile_off(int row, int d)
+{
+	if constexpr (WROWS > 0)
+		return wgt_off<HD, WROWS>(row, d);
+	else
+		return swz<HD>(row, d);
+}
+
 /* ==== tiles of query rows (tc and prefill kernels) ================================= */
 
 /* The key ranges of a tile's R rows into rlo / rhi (empty past its ntok
@@ -412,10 +435,11 @@ split_range(int kmin, int kmax, int S, int split, int align, int *ks, int *ke)
 }
 
 /* The tile's R query rows (token t0 + r / gq, query head g·gq + r % gq) as
- * f16 in Qs (swizzled), zeros past its tokens; rotated by the Hadamard
- * transform first when rot (a warp per row, in registers).  The caller
- * synchronises before reading Qs. */
-template <int HD>
+ * f16 in Qs (swizzled, or in the warpgroup-MMA layout of WROWS = R rows),
+ * zeros past its tokens; rotated by the Hadamard transform first when rot
+ * (a warp per row, in registers).  The caller synchronises before reading
+ * Qs. */
+template <int HD, int WROWS = 0>
 static __device__ void
 tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, unsigned char *Qs)
 {
@@ -423,29 +447,41 @@ tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, u
 	{
 		constexpr int P = HD >= 32 ? HD / 32 : 1;
 		int			lane = threadIdx.x & 31;
+		int			nw = blockDim.x >> 5;
 
 		static_assert(HD >= 64, "a lane's elements pair up into f16 words");
-		for (int r = threadIdx.x >> 5; r < R; r += blockDim.x >> 5)
+		/* two rows a warp at a time (hadamard_warp_rows) */
+		for (int r0 = threadIdx.x >> 5; r0 < R; r0 += 2 * nw)
 		{
-			int			tt = r / a.gq;
-			float		x[P];
+			float		x[2][P];
 
-			if (tt < ntok)
+#pragma unroll
+			for (int n = 0; n < 2; n++)
 			{
-				const float *row = a.q + (size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD;
+				int			r = r0 + n * nw;
+				int			tt = r / a.gq;
 
-				lane_load<P>(x, row, HD, row_aligned16(row));
-			}
-			else
-			{
+				if (r < R && tt < ntok)
+				{
+					const float *row = a.q + (size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD;
+
+					lane_load<P>(x[n], row, HD, row_aligned16(row));
+				}
+				else
+				{
 #pragma unroll
-				for (int i = 0; i < P; i++)
-					x[i] = 0.0f;
+					for (int i = 0; i < P; i++)
+						x[n][i] = 0.0f;
+				}
 			}
-			hadamard_warp<P>(x, HD);
+			hadamard_warp_rows<P, 2>(x, HD);
 #pragma unroll
-			for (int i = 0; i < P; i += 2)
-				*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, lane * P + i)) = g4c_pack_f16(x[i], x[i + 1]);
+			for (int n = 0; n < 2; n++)
+				if (r0 + n * nw < R)
+#pragma unroll
+					for (int i = 0; i < P; i += 2)
+						*reinterpret_cast<uint32_t *>(Qs + qtile_off<HD, WROWS>(r0 + n * nw, lane * P + i)) =
+							g4c_pack_f16(x[n][i], x[n][i + 1]);
 		}
 	}
 	else
@@ -459,31 +495,46 @@ tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, u
 
 			if (tt < ntok)
 				v = *reinterpret_cast<const float2 *>(a.q + (size_t) (t0 + tt) * a.q_stride + (size_t) (g * a.gq + r % a.gq) * HD + d);
-			*reinterpret_cast<uint32_t *>(Qs + swz<HD>(r, d)) = g4c_pack_f16(v.x, v.y);
+			*reinterpret_cast<uint32_t *>(Qs + qtile_off<HD, WROWS>(r, d)) = g4c_pack_f16(v.x, v.y);
 		}
 	}
 }
 
 /* Rotated (turboquant) output rows, normalised in `st` (R rows of HD
- * floats, written before a barrier): rotated back, a warp per row in
- * registers, and stored. */
+ * floats, written before a barrier): rotated back, a warp per two rows in
+ * registers (hadamard_warp_rows), and stored. */
 template <int HD>
 static __device__ void
 tile_store_rotated(const float *st, int R, const row_map &map)
 {
 	constexpr int P = HD >= 32 ? HD / 32 : 1;
+	int			nw = blockDim.x >> 5;
 
-	for (int r = threadIdx.x >> 5; r < R; r += blockDim.x >> 5)
+	for (int r0 = threadIdx.x >> 5; r0 < R; r0 += 2 * nw)
 	{
-		const float *src = st + (size_t) r * HD;
-		float	   *dst = map.row(r);
-		float		x[P];
+		float	   *dst[2];
+		float		x[2][P];
 
-		if (!dst)
-			continue;			/* warp-uniform */
-		lane_load<P>(x, src, HD, row_aligned16(src));
-		hadamard_warp<P>(x, HD);
-		lane_store<P>(x, dst, HD, row_aligned16(dst));
+#pragma unroll
+		for (int n = 0; n < 2; n++)
+		{
+			int			r = r0 + n * nw;
+
+			dst[n] = r < R ? map.row(r) : NULL;	/* warp-uniform */
+			if (dst[n])
+				lane_load<P>(x[n], st + (size_t) r * HD, HD, row_aligned16(st + (size_t) r * HD));
+			else
+#pragma unroll
+				for (int i = 0; i < P; i++)
+					x[n][i] = 0.0f;
+		}
+		if (!dst[0] && !dst[1])
+			continue;
+		hadamard_warp_rows<P, 2>(x, HD);
+#pragma unroll
+		for (int n = 0; n < 2; n++)
+			if (dst[n])
+				lane_store<P>(x[n], dst[n], HD, row_aligned16(dst[n]));
 	}
 }
 

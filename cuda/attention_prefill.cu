@@ -1,41 +1,56 @@
 /*
  * attention_prefill.cu — attention for tiles of several tokens of one
- * sequence (prefill chunks, verify steps), FlashAttention-2 style on f16
- * tensor cores (m16n8k16) with float32 softmax and accumulation: the tc
- * kernel's numerics (attention.cu), organised for throughput.
+ * sequence (prefill chunks, verify steps), FlashAttention-2 style with f16
+ * tensor-core products, float32 softmax and accumulation: the tc kernel's
+ * numerics (attention.cu), organised for throughput.
  *
  * A block takes R query rows (consecutive tokens × the query heads of one
  * KV head, as row_map) and walks its key range in tiles of KT keys:
- *   - each group of 16 rows belongs to one warp: the warp computes
- *     S = Q·Kᵀ over the whole head_dim, the online softmax and all of O in
- *     registers, with no exchange between warps;
- *   - a tile's raw pool bytes arrive by cp.async two tiles ahead and are
- *     decoded once into f16 K / V tiles one tile ahead (double-buffered),
- *     so one barrier per tile separates producing from consuming;
+ *   - each group of 16 rows belongs to one warp: the warp's online softmax
+ *     and its rows of O stay in registers, with no exchange between warps;
+ *   - a tile's raw pool bytes arrive by cp.async ahead of their use and are
+ *     decoded once into f16 K / V tiles one tile ahead (double-buffered);
  *   - turboquant queries are rotated by the Hadamard transform once and the
  *     outputs rotated back once, as in the tc kernel.
+ * Two kernels share these phases (pf_stage_tile, pf_decode_tile,
+ * pf_softmax, pf_store) and differ in how the products run:
+ *   - attn_prefill_kernel (mma.sync m16n8k16, any sm_80+ device, every KV
+ *     dtype): a warp computes S = Q·Kᵀ and O += P·V of its 16 rows from
+ *     ldmatrix fragments, 32-key tiles, raw bytes two tiles ahead;
+ *   - attn_prefill_wgmma_kernel (sm_90a, turboquant pools): the two
+ *     warpgroups of the block each own 64 rows and issue warpgroup MMAs
+ *     (wgmma.cuh) that read Q, K and V straight from shared memory, 64-key
+ *     tiles; the next tile's decoding runs while the tensor cores work.
+ *     The mma.sync kernel spent ~2,000 instructions per warp and 32-key
+ *     tile for 128 MMAs at 8 warps per SM, latency-bound (ncu, run 118).
  * Long ranges may be split over blocks: partials in the tc kernel's format,
  * combined by attn_merge_kernel.
  *
  * Head_dim 256 without k_eq_v only (the sliding layers): full layers
- * (head_dim 512, k_eq_v) stay on the tensor-core kernel, which measured
- * faster there (11.1 ms against 14.6 ms for a 2k chunk, run 31).  The
+ * (head_dim 512, k_eq_v) go to attention_gemm.cu and the tc kernel.  The
  * choice between kernels: choose_kernel in attention.cu.
  */
 #include "attention.cuh"
+#include "wgmma.cuh"
 
 #define PF_HD 256				/* head_dim; a warp's O: 32 n8 tiles, 128 registers */
 
 /* Shared memory: Qs [R][PF_HD] f16 | K, V tiles [2][K, V][KT][PF_HD] f16 | raw
- * pool blocks [2][KT / 16][head block bytes] | row ranges [2][R] | their
- * union [2] | the tiles' key scales [2][KT] float | whether each raw block
- * was present [2][KT / 16] (no static shared memory: smem() is the whole).
- * Rotated outputs pass through float rows over the K / V tiles, SR rows at
- * a time. */
-template <int NW>
+ * pool blocks [2][KT / 16][head block bytes] | row ranges [2][R] |
+ * their union [2] | the tiles' key scales
+ * [2][KT] float | whether each raw block was present [2][KT / 16]
+ * (no static shared memory: smem() is the whole, and its start keeps the
+ * 1024-byte alignment the warpgroup-MMA tiles need).  The tiles are
+ * swizzled by row (swz) for ldmatrix, or in the warpgroup-MMA layout
+ * (wgt_off) where WG.  Rotated outputs pass through float rows over the
+ * K / V tiles, SR rows at a time. */
+template <int NW, bool WG>
 struct pf_geom
 {
-	static constexpr int KT = 32;	/* keys per tile */
+	/* keys per tile: the warpgroup kernel's 48 are the most whose raw
+	 * bytes still fit twice beside the tiles (64 would fit them once, and
+	 * wait for each tile's bytes: 244 us a sliding layer at 2k, run 128) */
+	static constexpr int KT = WG ? 48 : 32;
 	static constexpr int PB = KT / G4_KV_BLOCK_TOKENS;	/* pool blocks per tile */
 	static constexpr int NTH = 32 * NW;
 	static constexpr int R = 16 * NW;
@@ -52,16 +67,23 @@ struct pf_geom
 	{
 		return Q_BYTES + KV_BYTES + raw_bytes(hbb) + R * 8 + 16 + 2 * KT * 4 + 2 * PB * 4;
 	}
+	/* byte offset of element (key j, dim d) in a K or V tile */
+	__device__ static int kv_off(int j, int d)
+	{
+		if constexpr (WG)
+			return wgt_off<PF_HD, KT>(j, d);
+		else
+			return swz<PF_HD>(j, d);
+	}
 };
 
 /* Start copying the raw pool blocks of key tile `kt` that meet [ks, ke)
  * into `raw` (one cp.async group per thread); missing blocks are flagged in
  * the status, and in `present` for the decoding (read after a barrier). */
-template <int NW>
+template <class G>
 __device__ __forceinline__ void
 pf_stage_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, uint8_t *raw, int hbb_pad, int *present)
 {
-	using G = pf_geom<NW>;
 	int			hbb = (int) a.head_block_bytes;
 
 #pragma unroll
@@ -131,23 +153,25 @@ pf_decode_tq8(const uint8_t *hb, int off, int d, uint4 *k, uint4 *v)
 	*v = make_uint4(pv[0], pv[1], pv[2], pv[3]);
 }
 
-/* Decode key tile `kt` from its raw blocks into f16 K and V tiles
- * (swizzled), and for turboquant each key's scale into ksc: warp w takes
- * keys w, w + NW, ...; a lane 8 consecutive dims of each.  Keys outside
- * [ks, ke) or in missing blocks become zeros, with scale 0 (see
- * tc_store_block: a masked probability of 0 times a NaN is still NaN). */
-template <int DT, int NW>
+/* Decode key tile `kt` from its raw blocks into f16 K and V tiles (G's
+ * layout), and for turboquant each key's scale into ksc: warp w takes keys
+ * w + NW·u for u in [U0, U1) (all of them by default; the warpgroup kernel
+ * decodes a tile in two halves around its products); a lane 8 consecutive
+ * dims of each.  Keys outside [ks, ke) or in missing blocks become zeros,
+ * with scale 0 (see tc_store_block: a masked probability of 0 times a NaN
+ * is still NaN). */
+template <int DT, class G, int U0 = 0, int U1 = G::KT / (G::NTH / 32)>
 __device__ __forceinline__ void
 pf_decode_tile(int kt, int ks, int ke, const uint8_t *raw, int hbb_pad, const int *present, unsigned char *Kt,
 			   unsigned char *Vt, float *ksc)
 {
-	using G = pf_geom<NW>;
+	constexpr int NW = G::NTH / 32;
 	int			lane = threadIdx.x & 31;
 	int			warp = threadIdx.x >> 5;
 
 	static_assert(32 * 8 == PF_HD, "a warp's lanes decode a key's dims, 8 each");
 #pragma unroll
-	for (int u = 0; u < G::KT / NW; u++)
+	for (int u = U0; u < U1; u++)
 	{
 		int			j = warp + NW * u;
 		int			p = kt * G::KT + j;
@@ -167,8 +191,8 @@ pf_decode_tile(int kt, int ks, int ke, const uint8_t *raw, int hbb_pad, const in
 				pf_decode_tq8(hb, off, d, &k, &v);
 			if (lane == 0)
 				ksc[j] = live ? g4_f16_to_f32(*reinterpret_cast<const uint16_t *>(hb + g4_kv_tq_kscale_off(PF_HD) + 2 * off)) : 0.0f;
-			*reinterpret_cast<uint4 *>(Kt + swz<PF_HD>(j, d)) = k;
-			*reinterpret_cast<uint4 *>(Vt + swz<PF_HD>(j, d)) = v;
+			*reinterpret_cast<uint4 *>(Kt + G::kv_off(j, d)) = k;
+			*reinterpret_cast<uint4 *>(Vt + G::kv_off(j, d)) = v;
 			continue;
 		}
 		if (!live)
@@ -182,8 +206,8 @@ pf_decode_tile(int kt, int ks, int ke, const uint8_t *raw, int hbb_pad, const in
 			decode_elems<DT, 8>(hb, off, PF_HD, d, true, false, kx);
 			decode_elems<DT, 8>(hb, off, PF_HD, d, false, false, vx);
 		}
-		pf_put8(Kt + swz<PF_HD>(j, d), kx);
-		pf_put8(Vt + swz<PF_HD>(j, d), vx);
+		pf_put8(Kt + G::kv_off(j, d), kx);
+		pf_put8(Vt + G::kv_off(j, d), vx);
 	}
 }
 
@@ -312,126 +336,83 @@ pf_accumulate(const float s[KT / 8][4], const unsigned char *Vt, float o[PF_HD /
 	}
 }
 
-template <int DT, int NW>
-__global__ void __launch_bounds__(32 * NW, 1)
-attn_prefill_kernel(attn_args a)
+/* The block's shared memory, carved as pf_geom describes. */
+template <class G>
+struct pf_smem
 {
-	using G = pf_geom<NW>;
-	constexpr int KT = G::KT;
-	constexpr bool ROT = DT == G4_KV_TURBOQUANT_K8V4;
+	unsigned char *Qs;
+	unsigned char *KV;			/* [buffer][K, V][tile] */
+	uint8_t    *raw;			/* [buffer][block][bytes] */
+	int		   *rlo,
+			   *rhi,
+			   *kr;				/* the rows' union, [2] */
+	float	   *ksc;			/* [buffer][KT] */
+	int		   *present;		/* [buffer][PB] */
+
+	__device__ pf_smem(unsigned char *base, int hbb)
+	{
+		Qs = base;
+		KV = base + G::Q_BYTES;
+		raw = KV + G::KV_BYTES;
+		rlo = reinterpret_cast<int *>(raw + G::raw_bytes(hbb));
+		rhi = rlo + G::R;
+		kr = rhi + G::R;
+		ksc = reinterpret_cast<float *>(kr + 4);
+		present = reinterpret_cast<int *>(ksc + 2 * G::KT);
+	}
+};
+
+/* This warp's two rows per lane (16·warp + gr, + 8) within the split's
+ * keys [ks, ke) into lo / hi, and the union of the warp's rows' ranges
+ * (INT32_MAX, INT32_MIN when empty) into *wlo, *whi. */
+__device__ __forceinline__ void
+pf_warp_rows(const int *rlo, const int *rhi, int ks, int ke, int lo[2], int hi[2], int *wlo, int *whi)
+{
+	int			lane = threadIdx.x & 31;
+	int			r0 = 16 * (threadIdx.x >> 5) + (lane >> 2);
+	int			ulo,
+				uhi;
+
+#pragma unroll
+	for (int h = 0; h < 2; h++)
+	{
+		lo[h] = max(rlo[r0 + 8 * h], ks);
+		hi[h] = min(rhi[r0 + 8 * h], ke);
+	}
+	ulo = hi[0] > lo[0] ? lo[0] : INT32_MAX;
+	uhi = hi[0] > lo[0] ? hi[0] : INT32_MIN;
+	if (hi[1] > lo[1])
+	{
+		ulo = min(ulo, lo[1]);
+		uhi = max(uhi, hi[1]);
+	}
+#pragma unroll
+	for (int x = 4; x < 32; x <<= 1)
+	{
+		ulo = min(ulo, __shfl_xor_sync(0xffffffffu, ulo, x));
+		uhi = max(uhi, __shfl_xor_sync(0xffffffffu, uhi, x));
+	}
+	*wlo = ulo;
+	*whi = uhi;
+}
+
+/* The epilogue: this warp's rows 16·warp + gr (+8), dims 8i + 2tq (+1),
+ * as this split's partial for attn_merge_kernel, or normalised into the
+ * output (through float rows over the K / V tiles and rotated back where
+ * ROT).  The caller's products are complete. */
+template <class G, bool ROT>
+__device__ __forceinline__ void
+pf_store(const attn_args &a, const float o[PF_HD / 8][4], const float m[2], const float l[2], int split, int t0,
+		 int ntok, int g, unsigned char *KV)
+{
 	constexpr int QP = ROT ? G::R / G::SR : 1;	/* output passes through the float rows */
 	constexpr int PR = G::R / QP;	/* rows per pass */
-	extern __shared__ __align__(16) unsigned char sm_raw[];
-	int			hbb_pad = ((int) a.head_block_bytes + 15) / 16 * 16;
-	unsigned char *Qs = sm_raw;
-	unsigned char *KV = sm_raw + G::Q_BYTES;	/* [buffer][K, V][tile] */
-	uint8_t    *raw = KV + G::KV_BYTES;	/* [buffer][block][bytes] */
-	int		   *rlo = reinterpret_cast<int *>(raw + G::raw_bytes((int) a.head_block_bytes));
-	int		   *rhi = rlo + G::R;
-	int		   *kr = rhi + G::R;
-	float	   *ksc = reinterpret_cast<float *>(kr + 4);	/* [buffer][KT] */
-	int		   *present = reinterpret_cast<int *>(ksc + 2 * KT);	/* [raw buffer][PB] */
 	float	   *stage = reinterpret_cast<float *>(KV);
-	int			tile = blockIdx.x / a.n_kv;
-	int			g = blockIdx.x % a.n_kv;
-	int			split = blockIdx.y;
-	int			t0 = a.tiles[tile];
-	int			ntok = a.tiles[tile + 1] - t0;
-	int			slot = a.slot[t0];
 	int			lane = threadIdx.x & 31;
-	int			warp = threadIdx.x >> 5;
-	int			rg = warp;		/* rows 16·rg .. 16·rg + 15 */
+	int			rg = threadIdx.x >> 5;
 	int			gr = lane >> 2,
 				tq = lane & 3;
-	int			ks,
-				ke;
-	float		o[PF_HD / 8][4];
-	float		m[2] = {-INFINITY, -INFINITY},
-				l[2] = {0.0f, 0.0f};
 
-	g4c_pdl_trigger();
-	g4c_pdl_wait();
-	tile_row_ranges(a, t0, ntok, G::R, rlo, rhi, kr);
-	__syncthreads();
-	split_range(kr[0], kr[1], a.S, split, KT, &ks, &ke);
-	/* the first two tiles' bytes travel while the queries are prepared */
-	if (ks < ke)
-	{
-		pf_stage_tile<NW>(a, slot, g, ks / KT, ks, ke, raw, hbb_pad, present);
-		if ((ke - 1) / KT > ks / KT)
-			pf_stage_tile<NW>(a, slot, g, ks / KT + 1, ks, ke, raw + G::PB * hbb_pad, hbb_pad, present + G::PB);
-	}
-	tile_queries_f16<PF_HD>(a, t0, ntok, g, G::R, ROT, Qs);
-#pragma unroll
-	for (int i = 0; i < PF_HD / 8; i++)
-		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-
-	if (ks < ke)
-	{
-		int			kt0 = ks / KT,
-					kt1 = (ke - 1) / KT;
-		int			lo[2],
-					hi[2],
-					wlo,
-					whi;
-		const unsigned char *Qw = Qs + swz<PF_HD>(16 * rg, 0);
-
-		/* this warp's rows and their union, within the split */
-#pragma unroll
-		for (int h = 0; h < 2; h++)
-		{
-			lo[h] = max(rlo[16 * rg + gr + 8 * h], ks);
-			hi[h] = min(rhi[16 * rg + gr + 8 * h], ke);
-		}
-		wlo = hi[0] > lo[0] ? lo[0] : INT32_MAX;
-		whi = hi[0] > lo[0] ? hi[0] : INT32_MIN;
-		if (hi[1] > lo[1])
-		{
-			wlo = min(wlo, lo[1]);
-			whi = max(whi, hi[1]);
-		}
-#pragma unroll
-		for (int x = 4; x < 32; x <<= 1)
-		{
-			wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, x));
-			whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, x));
-		}
-
-		if (kt1 > kt0)
-			g4c_cp_async_wait<1>();
-		else
-			g4c_cp_async_wait<0>();
-		__syncthreads();		/* Qs, and the first tile's raw bytes */
-		pf_decode_tile<DT, NW>(kt0, ks, ke, raw, hbb_pad, present, KV, KV + G::TILE_BYTES, ksc);
-		for (int kt = kt0; kt <= kt1; kt++)
-		{
-			int			b = (kt - kt0) & 1;
-			unsigned char *Kt = KV + b * 2 * G::TILE_BYTES;
-			unsigned char *Kn = KV + (1 - b) * 2 * G::TILE_BYTES;
-
-			/* after this barrier: tile kt is decoded, tile kt + 1's bytes
-			 * have arrived, and every warp is done with tile kt - 1's K / V
-			 * and tile kt's raw bytes */
-			g4c_cp_async_wait<0>();
-			__syncthreads();
-			if (kt + 2 <= kt1)
-				pf_stage_tile<NW>(a, slot, g, kt + 2, ks, ke, raw + b * G::PB * hbb_pad, hbb_pad, present + b * G::PB);
-			if (kt + 1 <= kt1)
-				pf_decode_tile<DT, NW>(kt + 1, ks, ke, raw + (1 - b) * G::PB * hbb_pad, hbb_pad,
-									   present + (1 - b) * G::PB, Kn, Kn + G::TILE_BYTES, ksc + (1 - b) * KT);
-			/* a warp whose rows see none of this tile's keys skips it */
-			if (kt * KT < whi && (kt + 1) * KT > wlo)
-			{
-				float		s[KT / 8][4];
-
-				pf_scores<KT>(Qw, Kt, s);
-				pf_softmax<KT>(s, kt * KT, a.scale, DT == G4_KV_TURBOQUANT_K8V4 ? ksc + b * KT : NULL, lo, hi, m, l, o);
-				pf_accumulate<KT>(s, Kt + G::TILE_BYTES, o);
-			}
-		}
-	}
-
-	/* epilogue: rows 16·rg + gr (+8), dims 8i + 2tq (+1) */
 	if (a.S > 1)
 	{
 		float	   *part = a.partial + ((size_t) blockIdx.x * a.S + split) * G::R * (PF_HD + 2);
@@ -484,13 +465,236 @@ attn_prefill_kernel(attn_args a)
 	}
 }
 
+template <int DT, int NW>
+__global__ void __launch_bounds__(32 * NW, 1)
+attn_prefill_kernel(attn_args a)
+{
+	using G = pf_geom<NW, false>;
+	constexpr int KT = G::KT;
+	extern __shared__ __align__(1024) unsigned char sm_raw[];
+	int			hbb_pad = ((int) a.head_block_bytes + 15) / 16 * 16;
+	pf_smem<G>	sm(sm_raw, (int) a.head_block_bytes);
+	int			tile = blockIdx.x / a.n_kv;
+	int			g = blockIdx.x % a.n_kv;
+	int			split = blockIdx.y;
+	int			t0 = a.tiles[tile];
+	int			ntok = a.tiles[tile + 1] - t0;
+	int			slot = a.slot[t0];
+	int			ks,
+				ke;
+	float		o[PF_HD / 8][4];
+	float		m[2] = {-INFINITY, -INFINITY},
+				l[2] = {0.0f, 0.0f};
+
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	tile_row_ranges(a, t0, ntok, G::R, sm.rlo, sm.rhi, sm.kr);
+	__syncthreads();
+	split_range(sm.kr[0], sm.kr[1], a.S, split, KT, &ks, &ke);
+	/* the first two tiles' bytes travel while the queries are prepared */
+	if (ks < ke)
+	{
+		pf_stage_tile<G>(a, slot, g, ks / KT, ks, ke, sm.raw, hbb_pad, sm.present);
+		if ((ke - 1) / KT > ks / KT)
+			pf_stage_tile<G>(a, slot, g, ks / KT + 1, ks, ke, sm.raw + G::PB * hbb_pad, hbb_pad, sm.present + G::PB);
+	}
+	tile_queries_f16<PF_HD>(a, t0, ntok, g, G::R, DT == G4_KV_TURBOQUANT_K8V4, sm.Qs);
+#pragma unroll
+	for (int i = 0; i < PF_HD / 8; i++)
+		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+	if (ks < ke)
+	{
+		int			kt0 = ks / KT,
+					kt1 = (ke - 1) / KT;
+		int			lo[2],
+					hi[2],
+					wlo,
+					whi;
+		const unsigned char *Qw = sm.Qs + swz<PF_HD>(16 * (threadIdx.x >> 5), 0);
+
+		pf_warp_rows(sm.rlo, sm.rhi, ks, ke, lo, hi, &wlo, &whi);
+		if (kt1 > kt0)
+			g4c_cp_async_wait<1>();
+		else
+			g4c_cp_async_wait<0>();
+		__syncthreads();		/* Qs, and the first tile's raw bytes */
+		pf_decode_tile<DT, G>(kt0, ks, ke, sm.raw, hbb_pad, sm.present, sm.KV, sm.KV + G::TILE_BYTES, sm.ksc);
+		for (int kt = kt0; kt <= kt1; kt++)
+		{
+			int			b = (kt - kt0) & 1;
+			unsigned char *Kt = sm.KV + b * 2 * G::TILE_BYTES;
+			unsigned char *Kn = sm.KV + (1 - b) * 2 * G::TILE_BYTES;
+
+			/* after this barrier: tile kt is decoded, tile kt + 1's bytes
+			 * have arrived, and every warp is done with tile kt - 1's K / V
+			 * and tile kt's raw bytes */
+			g4c_cp_async_wait<0>();
+			__syncthreads();
+			if (kt + 2 <= kt1)
+				pf_stage_tile<G>(a, slot, g, kt + 2, ks, ke, sm.raw + b * G::PB * hbb_pad, hbb_pad, sm.present + b * G::PB);
+			if (kt + 1 <= kt1)
+				pf_decode_tile<DT, G>(kt + 1, ks, ke, sm.raw + (1 - b) * G::PB * hbb_pad, hbb_pad,
+									  sm.present + (1 - b) * G::PB, Kn, Kn + G::TILE_BYTES, sm.ksc + (1 - b) * KT);
+			/* a warp whose rows see none of this tile's keys skips it */
+			if (kt * KT < whi && (kt + 1) * KT > wlo)
+			{
+				float		s[KT / 8][4];
+
+				pf_scores<KT>(Qw, Kt, s);
+				pf_softmax<KT>(s, kt * KT, a.scale, DT == G4_KV_TURBOQUANT_K8V4 ? sm.ksc + b * KT : NULL, lo, hi, m, l, o);
+				pf_accumulate<KT>(s, Kt + G::TILE_BYTES, o);
+			}
+		}
+	}
+	pf_store<G, DT == G4_KV_TURBOQUANT_K8V4>(a, o, m, l, split, t0, ntok, g, sm.KV);
+}
+
+/*
+ * The warpgroup-MMA kernel (turboquant pools, sm_90a).  Warpgroup w owns
+ * rows 64w .. 64w + 63; per 48-key tile kt (buffer b):
+ *   1. barrier: tile kt is decoded, tile kt + 1's raw bytes have arrived,
+ *      every warpgroup is done with tile kt - 1; tile kt + 2's raw bytes
+ *      are requested into the buffer tile kt's left;
+ *   2. S = Q·Kᵀ: 16 wgmmas (k16 steps over head_dim), one group;
+ *   3. the first half of tile kt + 1's keys decoded while they run;
+ *   4. softmax on S (pf_softmax: S's accumulator is the m16n8 layout, key
+ *      scales and masks as the mma.sync kernel), P as f16 A fragments;
+ *   5. O += P·V: 12 wgmmas (3 k16 steps of keys × 4 blocks of 64 dims,
+ *      V read MN-major), one group;
+ *   6. the second half of tile kt + 1 decoded while they run, then the
+ *      wait for O.
+ * Every warpgroup multiplies every tile of the split's range: a branch
+ * around a wgmma makes ptxas serialise all of them, and its rows' masks
+ * zero the keys they do not see.
+ */
+template <int DT>
+__global__ void __launch_bounds__(256, 1)
+attn_prefill_wgmma_kernel(attn_args a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+	using G = pf_geom<8, true>;
+	constexpr int KT = G::KT;
+	constexpr int NW = 8;
+	constexpr int HALF = KT / NW / 2;	/* key units per warp in each decoding half */
+	extern __shared__ __align__(1024) unsigned char sm_raw[];
+	int			hbb_pad = ((int) a.head_block_bytes + 15) / 16 * 16;
+	pf_smem<G>	sm(sm_raw, (int) a.head_block_bytes);
+	uint32_t	s_q = (uint32_t) __cvta_generic_to_shared(sm.Qs) + (threadIdx.x >> 7) * 64 * 128;
+	uint32_t	s_kv = (uint32_t) __cvta_generic_to_shared(sm.KV);
+	int			tile = blockIdx.x / a.n_kv;
+	int			g = blockIdx.x % a.n_kv;
+	int			split = blockIdx.y;
+	int			t0 = a.tiles[tile];
+	int			ntok = a.tiles[tile + 1] - t0;
+	int			slot = a.slot[t0];
+	int			ks,
+				ke;
+	float		o[PF_HD / 8][4];
+	float		m[2] = {-INFINITY, -INFINITY},
+				l[2] = {0.0f, 0.0f};
+
+	static_assert(KT % 16 == 0 && HALF * 2 * NW == KT, "tiles of k16 steps, decoded in two halves");
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	tile_row_ranges(a, t0, ntok, G::R, sm.rlo, sm.rhi, sm.kr);
+	__syncthreads();
+	split_range(sm.kr[0], sm.kr[1], a.S, split, KT, &ks, &ke);
+	/* the first two tiles' bytes travel while the queries are prepared */
+	if (ks < ke)
+	{
+		pf_stage_tile<G>(a, slot, g, ks / KT, ks, ke, sm.raw, hbb_pad, sm.present);
+		if ((ke - 1) / KT > ks / KT)
+			pf_stage_tile<G>(a, slot, g, ks / KT + 1, ks, ke, sm.raw + G::PB * hbb_pad, hbb_pad, sm.present + G::PB);
+	}
+	tile_queries_f16<PF_HD, G::R>(a, t0, ntok, g, G::R, true, sm.Qs);
+	wg_fence_proxy();
+#pragma unroll
+	for (int i = 0; i < PF_HD / 8; i++)
+		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+	if (ks < ke)
+	{
+		int			kt0 = ks / KT,
+					kt1 = (ke - 1) / KT;
+		int			lo[2],
+					hi[2],
+					wlo,
+					whi;
+
+		pf_warp_rows(sm.rlo, sm.rhi, ks, ke, lo, hi, &wlo, &whi);
+		if (kt1 > kt0)
+			g4c_cp_async_wait<1>();
+		else
+			g4c_cp_async_wait<0>();
+		__syncthreads();		/* Qs, the first tile's raw bytes */
+		pf_decode_tile<DT, G>(kt0, ks, ke, sm.raw, hbb_pad, sm.present, sm.KV, sm.KV + G::TILE_BYTES, sm.ksc);
+		wg_fence_proxy();
+		for (int kt = kt0; kt <= kt1; kt++)
+		{
+			int			b = (kt - kt0) & 1;
+			uint32_t	s_k = s_kv + b * 2 * G::TILE_BYTES,
+						s_v = s_k + G::TILE_BYTES;
+			unsigned char *Kn = sm.KV + (1 - b) * 2 * G::TILE_BYTES;
+			const uint8_t *rn = sm.raw + (1 - b) * G::PB * hbb_pad;
+			const int  *pn = sm.present + (1 - b) * G::PB;
+			float	   *ksn = sm.ksc + (1 - b) * KT;
+			bool		next = kt + 1 <= kt1;
+			float		s[KT / 8][4];
+			uint32_t	pf[KT / 16][4];
+
+			g4c_cp_async_wait<0>();
+			__syncthreads();
+			if (kt + 2 <= kt1)
+				pf_stage_tile<G>(a, slot, g, kt + 2, ks, ke, sm.raw + b * G::PB * hbb_pad, hbb_pad, sm.present + b * G::PB);
+			wg_fence();
+#pragma unroll
+			for (int st = 0; st < PF_HD / 16; st++)
+				wg_mma_f16_ss48(&s[0][0], wg_desc(s_q + (st >> 2) * G::R * 128 + (st & 3) * 32),
+								wg_desc(s_k + (st >> 2) * KT * 128 + (st & 3) * 32), st > 0);
+			wg_commit();
+			if (next)
+				pf_decode_tile<DT, G, 0, HALF>(kt + 1, ks, ke, rn, hbb_pad, pn, Kn, Kn + G::TILE_BYTES, ksn);
+			wg_wait<0>();
+			wg_fence_regs(&s[0][0], KT / 2);
+			pf_softmax<KT>(s, kt * KT, a.scale, sm.ksc + b * KT, lo, hi, m, l, o);
+#pragma unroll
+			for (int k = 0; k < KT / 16; k++)
+			{
+				pf[k][0] = g4c_pack_f16(s[2 * k][0], s[2 * k][1]);
+				pf[k][1] = g4c_pack_f16(s[2 * k][2], s[2 * k][3]);
+				pf[k][2] = g4c_pack_f16(s[2 * k + 1][0], s[2 * k + 1][1]);
+				pf[k][3] = g4c_pack_f16(s[2 * k + 1][2], s[2 * k + 1][3]);
+			}
+			wg_fence();
+#pragma unroll
+			for (int k = 0; k < KT / 16; k++)
+#pragma unroll
+				for (int db = 0; db < PF_HD / 64; db++)
+					wg_mma_f16_rs64_mn(&o[8 * db][0], pf[k], wg_desc_mn(s_v + db * KT * 128 + k * 16 * 128), 1);
+			wg_commit();
+			if (next)
+			{
+				pf_decode_tile<DT, G, HALF, 2 * HALF>(kt + 1, ks, ke, rn, hbb_pad, pn, Kn, Kn + G::TILE_BYTES, ksn);
+				wg_fence_proxy();
+			}
+			wg_wait<0>();
+			wg_fence_regs(&o[0][0], PF_HD / 2);
+		}
+	}
+	pf_store<G, true>(a, o, m, l, split, t0, ntok, g, sm.KV);
+#endif
+}
+
 template <int NW>
 static attn_kernel_fn
 prefill_kernel_for(int dtype, int hbb, int *rows, int *threads, int *smem)
 {
-	*rows = pf_geom<NW>::R;
-	*threads = pf_geom<NW>::NTH;
-	*smem = pf_geom<NW>::smem(hbb);
+	using G = pf_geom<NW, false>;
+
+	*rows = G::R;
+	*threads = G::NTH;
+	*smem = G::smem(hbb);
 	switch (dtype)
 	{
 		case G4_KV_F32:
@@ -503,14 +707,24 @@ prefill_kernel_for(int dtype, int hbb, int *rows, int *threads, int *smem)
 }
 
 /* The kernel for this geometry, or NULL (head_dim other than 256, k_eq_v
- * layers), with its query rows per block, threads and shared memory. */
+ * layers), with its query rows per block, threads and shared memory;
+ * wgmma: the device runs the sm_90a kernels (g4c_wgmma_probe). */
 attn_kernel_fn
-g4c_attention_prefill_kernel(int hd, int k_eq_v, int dtype, int gq, int *rows, int *threads, int *smem)
+g4c_attention_prefill_kernel(int hd, int k_eq_v, int dtype, int gq, int wgmma, int *rows, int *threads, int *smem)
 {
 	int			hbb = (int) g4_kv_head_block_bytes(dtype, hd, k_eq_v);
 
 	if (hd != PF_HD || k_eq_v || gq > 16 || 16 % gq != 0)
 		return NULL;
+	if (wgmma && dtype == G4_KV_TURBOQUANT_K8V4 && gq >= 2)
+	{
+		using G = pf_geom<8, true>;
+
+		*rows = G::R;
+		*threads = G::NTH;
+		*smem = G::smem(hbb);
+		return attn_prefill_wgmma_kernel<G4_KV_TURBOQUANT_K8V4>;
+	}
 	/* 128 rows (8 warps) halve the decoding per row where the shared memory
 	 * holds them (not float32 pools: 224 KiB for 64 rows) and a tile's
 	 * tokens are at most 64 */

@@ -354,16 +354,17 @@ g4c_split_bf16(float x0, float x1, uint32_t *hi, uint32_t *lo)
 	*lo = g4c_pack_bf16(x0 - hf.x, x1 - hf.y);
 }
 
-/* The Hadamard transform of one row of hd floats (a power of two, at most
- * 32 P) held by a warp, in place: lane l holds elements [l·P, l·P + P)
- * (P = 1 below 32 elements: the first hd lanes, one each).  The stages
+/* The Hadamard transform of N rows of hd floats (a power of two, at most
+ * 32 P) held by a warp, in place: lane l holds elements [l·P, l·P + P) of
+ * each (P = 1 below 32 elements: the first hd lanes, one each).  The stages
  * shorter than P are kvformat.h's butterflies inside the thread; a longer
  * stage `len` pairs lane l with lane l ^ (len / P), the lane of the lower
  * index taking a + b and the other a - b: the operations of g4_hadamard,
- * in its order, so the results are the CPU's bit for bit. */
-template <int P>
+ * in its order, so the results are the CPU's bit for bit.  Each stage runs
+ * over all N rows before the next: their shuffles' latencies overlap. */
+template <int P, int N>
 __device__ __forceinline__ void
-hadamard_warp(float x[P], int hd)
+hadamard_warp_rows(float x[N][P], int hd)
 {
 	int			lane = threadIdx.x & 31;
 	int			data_lanes = P > 1 ? 32 : hd;
@@ -373,8 +374,10 @@ hadamard_warp(float x[P], int hd)
 #pragma unroll
 	for (int len = 1; len < P; len <<= 1)
 #pragma unroll
-		for (int q = 0; q < P / 2; q++)
-			g4_hadamard_butterfly(x, len, q);
+		for (int n = 0; n < N; n++)
+#pragma unroll
+			for (int q = 0; q < P / 2; q++)
+				g4_hadamard_butterfly(x[n], len, q);
 	/* stage len = m·P: element i of lane l pairs with element i of lane
 	 * l ^ m, the lower index being in the lane whose bit m is clear (a
 	 * constant trip count, unrolled, when the head fills the warp) */
@@ -384,16 +387,28 @@ hadamard_warp(float x[P], int hd)
 		bool		upper = (lane & m) != 0;
 
 #pragma unroll
-		for (int i = 0; i < P; i++)
-		{
-			float		o = __shfl_xor_sync(0xffffffffu, x[i], m);
+		for (int n = 0; n < N; n++)
+#pragma unroll
+			for (int i = 0; i < P; i++)
+			{
+				float		o = __shfl_xor_sync(0xffffffffu, x[n][i], m);
 
-			x[i] = upper ? G4_KV_SUB(o, x[i]) : G4_KV_ADD(x[i], o);
-		}
+				x[n][i] = upper ? G4_KV_SUB(o, x[n][i]) : G4_KV_ADD(x[n][i], o);
+			}
 	}
 #pragma unroll
-	for (int i = 0; i < P; i++)
-		x[i] = G4_KV_MUL(x[i], norm);
+	for (int n = 0; n < N; n++)
+#pragma unroll
+		for (int i = 0; i < P; i++)
+			x[n][i] = G4_KV_MUL(x[n][i], norm);
+}
+
+/* One row (hadamard_warp_rows). */
+template <int P>
+__device__ __forceinline__ void
+hadamard_warp(float x[P], int hd)
+{
+	hadamard_warp_rows<P, 1>(reinterpret_cast<float (*)[P]>(x), hd);
 }
 
 /* x = this lane's P elements [lane·P, lane·P + P) of a row of hd floats (0

@@ -40,6 +40,7 @@
 #include <cudaTypedefs.h>
 
 #include "matmul.cuh"
+#include "wgmma.cuh"
 
 /* Stages per block.  Four (two k-tiles in flight, 53 / 70 / 86 KB of shared
  * memory at 32 / 64 / 128 tokens) rather than five: alone the kernel runs
@@ -59,35 +60,6 @@ wg_stage_bytes(void)
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-__device__ __forceinline__ void
-wg_fence(void)
-{
-	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void
-wg_commit(void)
-{
-	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-
-/* wait until at most N committed wgmma groups of this warp are pending */
-template <int N>
-__device__ __forceinline__ void
-wg_wait(void)
-{
-	asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-/* Descriptor of a K-major, 128-byte-swizzled tile at shared address addr:
- * rows of 128 bytes, 8-row atoms 1024 bytes apart. */
-__device__ __forceinline__ uint64_t
-wg_desc(uint32_t addr)
-{
-	return (uint64_t) ((addr & 0x3FFFF) >> 4) | ((uint64_t) 1 << 16) | ((uint64_t) (1024 >> 4) << 32) |
-		((uint64_t) 1 << 62);
-}
 
 /* acc (+)= A (64 weight rows × 16 k, registers) · B (16 k × NTOK tokens);
  * the first product of a block writes acc (accumulate 0) rather than adding

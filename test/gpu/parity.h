@@ -211,8 +211,9 @@ typedef struct
  * f16-exact values, query heads (0: the pool's), RoPE over every pair of
  * the full layers (else proportional, as Gemma 4's), the scores budget of
  * the full layers' prefill products (G4_ATTN_GEMM_SCORES, bytes; 0: the
- * backend's) and the keys their softmax holds in registers
- * (G4_ATTN_GEMM_SOFTMAX; 0: the backend's) */
+ * backend's), the keys their softmax holds in registers
+ * (G4_ATTN_GEMM_SOFTMAX; 0: the backend's), and the mma.sync prefill
+ * kernel where the warpgroup-MMA one would serve (G4_ATTN_PREFILL=mma) */
 typedef struct
 {
 	int			dtype,
@@ -222,7 +223,8 @@ typedef struct
 				heads,
 				full_rope,
 				gemm_scores,
-				gemm_softmax;
+				gemm_softmax,
+				prefill_mma;
 } pool_args;
 
 typedef struct

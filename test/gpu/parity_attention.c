@@ -408,10 +408,10 @@ attention_describe(const parity_row *r, int i, char *label, size_t size)
 				keqv;
 
 	pool_geometry(a->small, a->group, &hd, &nkv, &keqv);
-	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
+	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s%s%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
 			 keqv ? " k_eq_v" : "", st->name, st->n[a->group], a->exact16 ? " exact-in" : "",
 			 a->full_rope ? " full-rope" : "", a->gemm_scores ? " sliced" : "",
-			 a->gemm_softmax ? " softmax-streamed" : "");
+			 a->gemm_softmax ? " softmax-streamed" : "", a->prefill_mma ? " mma.sync" : "");
 	/* a projection of 256 columns or fewer stays float32 on the device
 	 * (nothing to take a copy): attention's check only */
 	return pool_heads(a) * hd > 256 ? 2 : 1;
@@ -442,15 +442,18 @@ attention_setup(const parity_row *r)
 	return P;
 }
 
-/* The row's settings of the full layers' prefill products into the
- * environment, which the backend reads at every call (NULL: none). */
+/* The row's settings of the prefill kernels into the environment, which
+ * the backend reads at every call (NULL: none). */
 static void
-gemm_env(const pool_args *a)
+attention_env(const pool_args *a)
 {
 	char		v[32];
 
 	unsetenv("G4_ATTN_GEMM_SCORES");
 	unsetenv("G4_ATTN_GEMM_SOFTMAX");
+	unsetenv("G4_ATTN_PREFILL");
+	if (a && a->prefill_mma)
+		setenv("G4_ATTN_PREFILL", "mma", 1);
 	if (a && a->gemm_scores)
 	{
 		snprintf(v, sizeof(v), "%d", a->gemm_scores);
@@ -528,9 +531,9 @@ attention_run(const parity_row *r, void *fx, int i, double *metric)
 	dy = gpu_alloc(ny * 4);
 	dy2 = gpu_alloc(ny * 4);
 	P_RUN(cpu_be, attention, &Lc, q, q_stride, n, oc);
-	gemm_env(a);
+	attention_env(a);
 	P_RUN(gpu_be, attention, &Lg, dq, q_stride, n, dout);
-	gemm_env(NULL);
+	attention_env(NULL);
 	matmul_force("wgmma");
 	P_RUN(gpu_be, matmul, wo, dout, n, dy);
 	P_RUN(gpu_be, matmul, wo, dout, n, dy2);
@@ -558,7 +561,7 @@ attention_teardown(void *fx)
 {
 	(void) fx;
 	matmul_force(matmul_initial_force());
-	gemm_env(NULL);
+	attention_env(NULL);
 }
 
 /* one kind per family, so that each can be run alone (a name each) */

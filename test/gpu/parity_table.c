@@ -334,8 +334,9 @@ const parity_row parity_table[] = {
 	 * for turboquant head_dim 256 without k_eq_v and head_dim 512 with it
 	 * when every sequence brings at most 8 tokens (decode and verify
 	 * steps); the prefill kernel for head_dim 256 without k_eq_v on
-	 * steps of 64 tokens or more in tiles a quarter full (G4_ATTN=tc keeps
-	 * the tensor-core kernel: the same bound); tensor cores for the 12B's
+	 * steps of 64 tokens or more in tiles a quarter full (on sm_90a its
+	 * warpgroup-MMA form for turboquant pools; G4_ATTN=tc keeps the
+	 * tensor-core kernel: the same bound); tensor cores for the 12B's
 	 * head dims when there are 8 query heads per KV head or more (the full
 	 * layers' 16) or the step has 2 tokens or more, except the full
 	 * layers' prefill runs of 64 tokens or more, which go to cuBLASLt
@@ -382,6 +383,9 @@ const parity_row parity_table[] = {
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_PREFILL_SHORT),
 	 ATTN_CHECK("attention(tc)", 0.1, WHY_TC), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
+	 ATTN_CHECK("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
+	/* the mma.sync prefill kernel where the warpgroup-MMA one serves */
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .prefill_mma = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 ATTN_CHECK("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE), .share = 6},
