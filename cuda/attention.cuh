@@ -351,6 +351,10 @@ swz(int row, int d)
 	return row * HD * 2 + ((((d >> 3) ^ (row & 7))) << 4) + ((d & 7) << 1);
 }
 
+/* Rows a warp rotates at once in tile_queries_f16 and tile_store_rotated:
+ * their shuffles and loads overlap */
+#define TILE_ROT_ROWS 2
+
 /* Byte offset of element (row, d) of a 16-bit tile of ROWS rows in the
  * warpgroup-MMA layout (wgmma.cuh): [HD / 64][ROWS][128 bytes], each row's
  * 16-byte chunks XOR-swizzled by row. */
@@ -450,13 +454,13 @@ tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, u
 		int			nw = blockDim.x >> 5;
 
 		static_assert(HD >= 64, "a lane's elements pair up into f16 words");
-		/* two rows a warp at a time (hadamard_warp_rows) */
-		for (int r0 = threadIdx.x >> 5; r0 < R; r0 += 2 * nw)
+		/* TILE_ROT_ROWS rows a warp at a time (hadamard_warp_rows) */
+		for (int r0 = threadIdx.x >> 5; r0 < R; r0 += TILE_ROT_ROWS * nw)
 		{
-			float		x[2][P];
+			float		x[TILE_ROT_ROWS][P];
 
 #pragma unroll
-			for (int n = 0; n < 2; n++)
+			for (int n = 0; n < TILE_ROT_ROWS; n++)
 			{
 				int			r = r0 + n * nw;
 				int			tt = r / a.gq;
@@ -474,9 +478,9 @@ tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, u
 						x[n][i] = 0.0f;
 				}
 			}
-			hadamard_warp_rows<P, 2>(x, HD);
+			hadamard_warp_rows<P, TILE_ROT_ROWS>(x, HD);
 #pragma unroll
-			for (int n = 0; n < 2; n++)
+			for (int n = 0; n < TILE_ROT_ROWS; n++)
 				if (r0 + n * nw < R)
 #pragma unroll
 					for (int i = 0; i < P; i += 2)
@@ -501,8 +505,8 @@ tile_queries_f16(const attn_args &a, int t0, int ntok, int g, int R, bool rot, u
 }
 
 /* Rotated (turboquant) output rows, normalised in `st` (R rows of HD
- * floats, written before a barrier): rotated back, a warp per two rows in
- * registers (hadamard_warp_rows), and stored. */
+ * floats, written before a barrier): rotated back, a warp per
+ * TILE_ROT_ROWS rows in registers (hadamard_warp_rows), and stored. */
 template <int HD>
 static __device__ void
 tile_store_rotated(const float *st, int R, const row_map &map)
@@ -510,17 +514,19 @@ tile_store_rotated(const float *st, int R, const row_map &map)
 	constexpr int P = HD >= 32 ? HD / 32 : 1;
 	int			nw = blockDim.x >> 5;
 
-	for (int r0 = threadIdx.x >> 5; r0 < R; r0 += 2 * nw)
+	for (int r0 = threadIdx.x >> 5; r0 < R; r0 += TILE_ROT_ROWS * nw)
 	{
-		float	   *dst[2];
-		float		x[2][P];
+		float	   *dst[TILE_ROT_ROWS];
+		float		x[TILE_ROT_ROWS][P];
+		bool		any = false;
 
 #pragma unroll
-		for (int n = 0; n < 2; n++)
+		for (int n = 0; n < TILE_ROT_ROWS; n++)
 		{
 			int			r = r0 + n * nw;
 
 			dst[n] = r < R ? map.row(r) : NULL;	/* warp-uniform */
+			any |= dst[n] != NULL;
 			if (dst[n])
 				lane_load<P>(x[n], st + (size_t) r * HD, HD, row_aligned16(st + (size_t) r * HD));
 			else
@@ -528,11 +534,11 @@ tile_store_rotated(const float *st, int R, const row_map &map)
 				for (int i = 0; i < P; i++)
 					x[n][i] = 0.0f;
 		}
-		if (!dst[0] && !dst[1])
+		if (!any)
 			continue;
-		hadamard_warp_rows<P, 2>(x, HD);
+		hadamard_warp_rows<P, TILE_ROT_ROWS>(x, HD);
 #pragma unroll
-		for (int n = 0; n < 2; n++)
+		for (int n = 0; n < TILE_ROT_ROWS; n++)
 			if (dst[n])
 				lane_store<P>(x[n], dst[n], HD, row_aligned16(dst[n]));
 	}
