@@ -396,14 +396,58 @@ pf_warp_rows(const int *rlo, const int *rhi, int ks, int ke, int lo[2], int hi[2
 	*whi = uhi;
 }
 
+/* The block's rows (token tile, KV head) and this split's keys [ks, ke). */
+struct pf_block
+{
+	int			t0,
+				ntok,
+				g,
+				split,
+				slot,
+				ks,
+				ke;
+};
+
+/* The start of both kernels: the block's coordinates, its rows' key ranges
+ * (sm.rlo, sm.rhi) and the split's keys, and the first two key tiles' raw
+ * bytes requested (two cp.async groups, or one or none for shorter
+ * ranges): they travel while the queries are prepared. */
+template <class G>
+__device__ __forceinline__ pf_block
+pf_begin(const attn_args &a, const pf_smem<G> &sm, int hbb_pad)
+{
+	constexpr int KT = G::KT;
+	int			tile = blockIdx.x / a.n_kv;
+	pf_block	blk;
+
+	blk.g = blockIdx.x % a.n_kv;
+	blk.split = blockIdx.y;
+	blk.t0 = a.tiles[tile];
+	blk.ntok = a.tiles[tile + 1] - blk.t0;
+	blk.slot = a.slot[blk.t0];
+	g4c_pdl_trigger();
+	g4c_pdl_wait();
+	tile_row_ranges(a, blk.t0, blk.ntok, G::R, sm.rlo, sm.rhi, sm.kr);
+	__syncthreads();
+	split_range(sm.kr[0], sm.kr[1], a.S, blk.split, KT, &blk.ks, &blk.ke);
+	if (blk.ks < blk.ke)
+	{
+		pf_stage_tile<G>(a, blk.slot, blk.g, blk.ks / KT, blk.ks, blk.ke, sm.raw, hbb_pad, sm.present);
+		if ((blk.ke - 1) / KT > blk.ks / KT)
+			pf_stage_tile<G>(a, blk.slot, blk.g, blk.ks / KT + 1, blk.ks, blk.ke, sm.raw + G::PB * hbb_pad, hbb_pad,
+							 sm.present + G::PB);
+	}
+	return blk;
+}
+
 /* The epilogue: this warp's rows 16·warp + gr (+8), dims 8i + 2tq (+1),
  * as this split's partial for attn_merge_kernel, or normalised into the
  * output (through float rows over the K / V tiles and rotated back where
  * ROT).  The caller's products are complete. */
 template <class G, bool ROT>
 __device__ __forceinline__ void
-pf_store(const attn_args &a, const float o[PF_HD / 8][4], const float m[2], const float l[2], int split, int t0,
-		 int ntok, int g, unsigned char *KV)
+pf_store(const attn_args &a, const float o[PF_HD / 8][4], const float m[2], const float l[2], const pf_block &blk,
+		 unsigned char *KV)
 {
 	constexpr int QP = ROT ? G::R / G::SR : 1;	/* output passes through the float rows */
 	constexpr int PR = G::R / QP;	/* rows per pass */
@@ -415,7 +459,7 @@ pf_store(const attn_args &a, const float o[PF_HD / 8][4], const float m[2], cons
 
 	if (a.S > 1)
 	{
-		float	   *part = a.partial + ((size_t) blockIdx.x * a.S + split) * G::R * (PF_HD + 2);
+		float	   *part = a.partial + ((size_t) blockIdx.x * a.S + blk.split) * G::R * (PF_HD + 2);
 
 #pragma unroll
 		for (int h = 0; h < 2; h++)
@@ -436,7 +480,7 @@ pf_store(const attn_args &a, const float o[PF_HD / 8][4], const float m[2], cons
 	for (int pass = 0; pass < QP; pass++)
 	{
 		int			r0 = pass * PR;
-		row_map		map = {a.out, a.out_stride, t0 + r0 / a.gq, ntok - r0 / a.gq, a.gq, g, PF_HD};
+		row_map		map = {a.out, a.out_stride, blk.t0 + r0 / a.gq, blk.ntok - r0 / a.gq, a.gq, blk.g, PF_HD};
 
 		if (ROT)
 			__syncthreads();	/* the float rows lie over tiles still in use */
@@ -474,31 +518,14 @@ attn_prefill_kernel(attn_args a)
 	extern __shared__ __align__(1024) unsigned char sm_raw[];
 	int			hbb_pad = ((int) a.head_block_bytes + 15) / 16 * 16;
 	pf_smem<G>	sm(sm_raw, (int) a.head_block_bytes);
-	int			tile = blockIdx.x / a.n_kv;
-	int			g = blockIdx.x % a.n_kv;
-	int			split = blockIdx.y;
-	int			t0 = a.tiles[tile];
-	int			ntok = a.tiles[tile + 1] - t0;
-	int			slot = a.slot[t0];
-	int			ks,
-				ke;
+	pf_block	blk = pf_begin<G>(a, sm, hbb_pad);
+	int			ks = blk.ks,
+				ke = blk.ke;
 	float		o[PF_HD / 8][4];
 	float		m[2] = {-INFINITY, -INFINITY},
 				l[2] = {0.0f, 0.0f};
 
-	g4c_pdl_trigger();
-	g4c_pdl_wait();
-	tile_row_ranges(a, t0, ntok, G::R, sm.rlo, sm.rhi, sm.kr);
-	__syncthreads();
-	split_range(sm.kr[0], sm.kr[1], a.S, split, KT, &ks, &ke);
-	/* the first two tiles' bytes travel while the queries are prepared */
-	if (ks < ke)
-	{
-		pf_stage_tile<G>(a, slot, g, ks / KT, ks, ke, sm.raw, hbb_pad, sm.present);
-		if ((ke - 1) / KT > ks / KT)
-			pf_stage_tile<G>(a, slot, g, ks / KT + 1, ks, ke, sm.raw + G::PB * hbb_pad, hbb_pad, sm.present + G::PB);
-	}
-	tile_queries_f16<PF_HD>(a, t0, ntok, g, G::R, DT == G4_KV_TURBOQUANT_K8V4, sm.Qs);
+	tile_queries_f16<PF_HD>(a, blk.t0, blk.ntok, blk.g, G::R, DT == G4_KV_TURBOQUANT_K8V4, sm.Qs);
 #pragma unroll
 	for (int i = 0; i < PF_HD / 8; i++)
 		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
@@ -532,7 +559,7 @@ attn_prefill_kernel(attn_args a)
 			g4c_cp_async_wait<0>();
 			__syncthreads();
 			if (kt + 2 <= kt1)
-				pf_stage_tile<G>(a, slot, g, kt + 2, ks, ke, sm.raw + b * G::PB * hbb_pad, hbb_pad, sm.present + b * G::PB);
+				pf_stage_tile<G>(a, blk.slot, blk.g, kt + 2, ks, ke, sm.raw + b * G::PB * hbb_pad, hbb_pad, sm.present + b * G::PB);
 			if (kt + 1 <= kt1)
 				pf_decode_tile<DT, G>(kt + 1, ks, ke, sm.raw + (1 - b) * G::PB * hbb_pad, hbb_pad,
 									  sm.present + (1 - b) * G::PB, Kn, Kn + G::TILE_BYTES, sm.ksc + (1 - b) * KT);
@@ -547,7 +574,7 @@ attn_prefill_kernel(attn_args a)
 			}
 		}
 	}
-	pf_store<G, DT == G4_KV_TURBOQUANT_K8V4>(a, o, m, l, split, t0, ntok, g, sm.KV);
+	pf_store<G, DT == G4_KV_TURBOQUANT_K8V4>(a, o, m, l, blk, sm.KV);
 }
 
 /*
@@ -582,32 +609,15 @@ attn_prefill_wgmma_kernel(attn_args a)
 	pf_smem<G>	sm(sm_raw, (int) a.head_block_bytes);
 	uint32_t	s_q = (uint32_t) __cvta_generic_to_shared(sm.Qs) + (threadIdx.x >> 7) * 64 * 128;
 	uint32_t	s_kv = (uint32_t) __cvta_generic_to_shared(sm.KV);
-	int			tile = blockIdx.x / a.n_kv;
-	int			g = blockIdx.x % a.n_kv;
-	int			split = blockIdx.y;
-	int			t0 = a.tiles[tile];
-	int			ntok = a.tiles[tile + 1] - t0;
-	int			slot = a.slot[t0];
-	int			ks,
-				ke;
+	pf_block	blk = pf_begin<G>(a, sm, hbb_pad);
+	int			ks = blk.ks,
+				ke = blk.ke;
 	float		o[PF_HD / 8][4];
 	float		m[2] = {-INFINITY, -INFINITY},
 				l[2] = {0.0f, 0.0f};
 
 	static_assert(KT % 16 == 0 && HALF * 2 * NW == KT, "tiles of k16 steps, decoded in two halves");
-	g4c_pdl_trigger();
-	g4c_pdl_wait();
-	tile_row_ranges(a, t0, ntok, G::R, sm.rlo, sm.rhi, sm.kr);
-	__syncthreads();
-	split_range(sm.kr[0], sm.kr[1], a.S, split, KT, &ks, &ke);
-	/* the first two tiles' bytes travel while the queries are prepared */
-	if (ks < ke)
-	{
-		pf_stage_tile<G>(a, slot, g, ks / KT, ks, ke, sm.raw, hbb_pad, sm.present);
-		if ((ke - 1) / KT > ks / KT)
-			pf_stage_tile<G>(a, slot, g, ks / KT + 1, ks, ke, sm.raw + G::PB * hbb_pad, hbb_pad, sm.present + G::PB);
-	}
-	tile_queries_f16<PF_HD, G::R>(a, t0, ntok, g, G::R, true, sm.Qs);
+	tile_queries_f16<PF_HD, G::R>(a, blk.t0, blk.ntok, blk.g, G::R, true, sm.Qs);
 	wg_fence_proxy();
 #pragma unroll
 	for (int i = 0; i < PF_HD / 8; i++)
@@ -646,7 +656,7 @@ attn_prefill_wgmma_kernel(attn_args a)
 			g4c_cp_async_wait<0>();
 			__syncthreads();
 			if (kt + 2 <= kt1)
-				pf_stage_tile<G>(a, slot, g, kt + 2, ks, ke, sm.raw + b * G::PB * hbb_pad, hbb_pad, sm.present + b * G::PB);
+				pf_stage_tile<G>(a, blk.slot, blk.g, kt + 2, ks, ke, sm.raw + b * G::PB * hbb_pad, hbb_pad, sm.present + b * G::PB);
 			wg_fence();
 #pragma unroll
 			for (int st = 0; st < PF_HD / 16; st++)
@@ -682,7 +692,7 @@ attn_prefill_wgmma_kernel(attn_args a)
 			wg_fence_regs(&o[0][0], PF_HD / 2);
 		}
 	}
-	pf_store<G, true>(a, o, m, l, split, t0, ntok, g, sm.KV);
+	pf_store<G, true>(a, o, m, l, blk, sm.KV);
 #endif
 }
 
