@@ -19,7 +19,7 @@
  *     ldmatrix fragments, 32-key tiles, raw bytes two tiles ahead;
  *   - attn_prefill_wgmma_kernel (sm_90a, turboquant pools): the two
  *     warpgroups of the block each own 64 rows and issue warpgroup MMAs
- *     (wgmma.cuh) that read Q, K and V straight from shared memory, 64-key
+ *     (wgmma.cuh) that read Q, K and V straight from shared memory, 48-key
  *     tiles; the next tile's decoding runs while the tensor cores work.
  *     The mma.sync kernel spent ~2,000 instructions per warp and 32-key
  *     tile for 128 MMAs at 8 warps per SM, latency-bound (ncu, run 118).
@@ -362,16 +362,12 @@ struct pf_smem
 	}
 };
 
-/* This warp's two rows per lane (16·warp + gr, + 8) within the split's
- * keys [ks, ke) into lo / hi, and the union of the warp's rows' ranges
- * (INT32_MAX, INT32_MIN when empty) into *wlo, *whi. */
+/* This lane's two rows (16·warp + gr, + 8) within the split's keys
+ * [ks, ke). */
 __device__ __forceinline__ void
-pf_warp_rows(const int *rlo, const int *rhi, int ks, int ke, int lo[2], int hi[2], int *wlo, int *whi)
+pf_lane_rows(const int *rlo, const int *rhi, int ks, int ke, int lo[2], int hi[2])
 {
-	int			lane = threadIdx.x & 31;
-	int			r0 = 16 * (threadIdx.x >> 5) + (lane >> 2);
-	int			ulo,
-				uhi;
+	int			r0 = 16 * (threadIdx.x >> 5) + ((threadIdx.x & 31) >> 2);
 
 #pragma unroll
 	for (int h = 0; h < 2; h++)
@@ -379,8 +375,16 @@ pf_warp_rows(const int *rlo, const int *rhi, int ks, int ke, int lo[2], int hi[2
 		lo[h] = max(rlo[r0 + 8 * h], ks);
 		hi[h] = min(rhi[r0 + 8 * h], ke);
 	}
-	ulo = hi[0] > lo[0] ? lo[0] : INT32_MAX;
-	uhi = hi[0] > lo[0] ? hi[0] : INT32_MIN;
+}
+
+/* The union of the warp's rows' ranges (INT32_MAX, INT32_MIN when empty)
+ * into *wlo, *whi. */
+__device__ __forceinline__ void
+pf_warp_union(const int lo[2], const int hi[2], int *wlo, int *whi)
+{
+	int			ulo = hi[0] > lo[0] ? lo[0] : INT32_MAX,
+				uhi = hi[0] > lo[0] ? hi[0] : INT32_MIN;
+
 	if (hi[1] > lo[1])
 	{
 		ulo = min(ulo, lo[1]);
@@ -438,6 +442,21 @@ pf_begin(const attn_args &a, const pf_smem<G> &sm, int hbb_pad)
 							 sm.present + G::PB);
 	}
 	return blk;
+}
+
+/* The split's first key tile decoded into K / V buffer 0, once its raw
+ * bytes (pf_begin's first group) and the queries are in. */
+template <int DT, class G>
+__device__ __forceinline__ void
+pf_first_tile(const pf_block &blk, const pf_smem<G> &sm, int hbb_pad)
+{
+	if ((blk.ke - 1) / G::KT > blk.ks / G::KT)
+		g4c_cp_async_wait<1>();
+	else
+		g4c_cp_async_wait<0>();
+	__syncthreads();
+	pf_decode_tile<DT, G>(blk.ks / G::KT, blk.ks, blk.ke, sm.raw, hbb_pad, sm.present, sm.KV, sm.KV + G::TILE_BYTES,
+						  sm.ksc);
 }
 
 /* The epilogue: this warp's rows 16·warp + gr (+8), dims 8i + 2tq (+1),
@@ -521,14 +540,11 @@ attn_prefill_kernel(attn_args a)
 	pf_block	blk = pf_begin<G>(a, sm, hbb_pad);
 	int			ks = blk.ks,
 				ke = blk.ke;
-	float		o[PF_HD / 8][4];
+	float		o[PF_HD / 8][4] = {};
 	float		m[2] = {-INFINITY, -INFINITY},
 				l[2] = {0.0f, 0.0f};
 
 	tile_queries_f16<PF_HD>(a, blk.t0, blk.ntok, blk.g, G::R, DT == G4_KV_TURBOQUANT_K8V4, sm.Qs);
-#pragma unroll
-	for (int i = 0; i < PF_HD / 8; i++)
-		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
 	if (ks < ke)
 	{
@@ -540,13 +556,9 @@ attn_prefill_kernel(attn_args a)
 					whi;
 		const unsigned char *Qw = sm.Qs + swz<PF_HD>(16 * (threadIdx.x >> 5), 0);
 
-		pf_warp_rows(sm.rlo, sm.rhi, ks, ke, lo, hi, &wlo, &whi);
-		if (kt1 > kt0)
-			g4c_cp_async_wait<1>();
-		else
-			g4c_cp_async_wait<0>();
-		__syncthreads();		/* Qs, and the first tile's raw bytes */
-		pf_decode_tile<DT, G>(kt0, ks, ke, sm.raw, hbb_pad, sm.present, sm.KV, sm.KV + G::TILE_BYTES, sm.ksc);
+		pf_lane_rows(sm.rlo, sm.rhi, ks, ke, lo, hi);
+		pf_warp_union(lo, hi, &wlo, &whi);
+		pf_first_tile<DT, G>(blk, sm, hbb_pad);
 		for (int kt = kt0; kt <= kt1; kt++)
 		{
 			int			b = (kt - kt0) & 1;
@@ -612,33 +624,23 @@ attn_prefill_wgmma_kernel(attn_args a)
 	pf_block	blk = pf_begin<G>(a, sm, hbb_pad);
 	int			ks = blk.ks,
 				ke = blk.ke;
-	float		o[PF_HD / 8][4];
+	float		o[PF_HD / 8][4] = {};
 	float		m[2] = {-INFINITY, -INFINITY},
 				l[2] = {0.0f, 0.0f};
 
 	static_assert(KT % 16 == 0 && HALF * 2 * NW == KT, "tiles of k16 steps, decoded in two halves");
 	tile_queries_f16<PF_HD, G::R>(a, blk.t0, blk.ntok, blk.g, G::R, true, sm.Qs);
 	wg_fence_proxy();
-#pragma unroll
-	for (int i = 0; i < PF_HD / 8; i++)
-		o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
 	if (ks < ke)
 	{
 		int			kt0 = ks / KT,
 					kt1 = (ke - 1) / KT;
 		int			lo[2],
-					hi[2],
-					wlo,
-					whi;
+					hi[2];
 
-		pf_warp_rows(sm.rlo, sm.rhi, ks, ke, lo, hi, &wlo, &whi);
-		if (kt1 > kt0)
-			g4c_cp_async_wait<1>();
-		else
-			g4c_cp_async_wait<0>();
-		__syncthreads();		/* Qs, the first tile's raw bytes */
-		pf_decode_tile<DT, G>(kt0, ks, ke, sm.raw, hbb_pad, sm.present, sm.KV, sm.KV + G::TILE_BYTES, sm.ksc);
+		pf_lane_rows(sm.rlo, sm.rhi, ks, ke, lo, hi);
+		pf_first_tile<DT, G>(blk, sm, hbb_pad);
 		wg_fence_proxy();
 		for (int kt = kt0; kt <= kt1; kt++)
 		{
