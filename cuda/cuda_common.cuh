@@ -683,13 +683,14 @@ int			g4c_matmul_geglu_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int
 								   const g4c_geglu_after *gg);
 
 /* One cuBLASLt product in column-major terms: per batch, D (m x n, float32
- * or bf16, leading dimension ldd) = op(A) · B with A stored m x k (lda), or
- * k x m when transa, and B stored k x n (ldb); operands f16 or bf16,
- * float32 accumulation; batch strides in elements. */
+ * or bf16, leading dimension ldd) = op(A) · B (+ D where accumulate) with A
+ * stored m x k (lda), or k x m when transa, and B stored k x n (ldb);
+ * operands f16 or bf16, float32 accumulation; batch strides in elements. */
 typedef struct
 {
 	int			ab_f16;			/* operands f16, else bf16 */
 	int			d_bf16;			/* D rounded to bf16, else float32 */
+	int			accumulate;		/* D += product, else D = product */
 	int			transa;
 	int			m,
 				n,

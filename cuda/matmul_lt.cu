@@ -237,7 +237,7 @@ g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, v
 	int			found = 0,
 				algo;
 	float		alpha = 1.0f,
-				beta = 0.0f;
+				beta = p->accumulate ? 1.0f : 0.0f;
 	int			rc = G4_OK;
 
 	LT_CHECK(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");

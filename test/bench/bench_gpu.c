@@ -7,16 +7,17 @@
  *
  *   bench-gpu --model DIR [--what ops,decode,knockout,prefill,capacity] [--kv bf16|tq]
  *             [--ops-n 1,64,2048] [--ops-tokens T] [--matmul-n 17,32,...]
- *             [--lt-algos N]
+ *             [--lt-algos N] [--prefill-tokens 2048,32768]
  *
  * decode    B sequences (1, 16, 64) at contexts 2k / 32k: tokens/s and the
  *           bytes one step must read (weights + each sequence's visible KV)
  *           over the step time.  Contexts are reserved, not prefilled: the
  *           KV blocks are allocated and hold arbitrary (valid) values, which
  *           costs the same to read (benchmark only: drv_reserve).
- * prefill   one prompt of 2k / 32k tokens in chunks of 16384: tokens/s and
- *           time to the first token; then eight 2k prompts in one step of
- *           16,384 tokens, as a table job's prompts arrive together.
+ * prefill   one prompt of 2k / 32k tokens (--prefill-tokens: other lengths,
+ *           up to MAX_LEN) in chunks of 16384: tokens/s and time to the
+ *           first token; then eight 2k prompts in one step of 16,384
+ *           tokens, as a table job's prompts arrive together.
  * ops       each operation of a decode step (n = 1 and 64) and of a 2k
  *           prefill chunk, timed alone: the per-kernel breakdown (--ops-n:
  *           other step sizes; up to 64 are decode steps at 2k, beyond one
@@ -221,13 +222,12 @@ prefill_run(int seqs, int P)
 }
 
 static void
-bench_prefill(void)
+bench_prefill(const int *lens, int n_lens)
 {
-	static const int lens[] = {2048, 32768};
-	size_t		i;
+	int			i;
 
 	prefill_run(1, 2048);		/* warm-up: scratch buffers, module loading */
-	for (i = 0; i < G4_ARRAY_LEN(lens); i++)
+	for (i = 0; i < n_lens; i++)
 	{
 		double		best = 1e30;
 		int			r;
@@ -927,9 +927,10 @@ bench_capacity(void)
 	}
 }
 
-/* A comma-separated list of positive row counts into out (at most max). */
+/* A comma-separated list of positive counts up to limit into out (at
+ * most max of them). */
 static int
-parse_counts(const char *s, int *out, int max)
+parse_counts(const char *s, int *out, int max, int limit)
 {
 	int			n = 0;
 
@@ -938,9 +939,9 @@ parse_counts(const char *s, int *out, int max)
 		char	   *end;
 		long		v = strtol(s, &end, 10);
 
-		if (end == s || v <= 0 || v > MAX_TOKENS)
+		if (end == s || v <= 0 || v > limit)
 		{
-			fprintf(stderr, "bench-gpu: bad row count list \"%s\"\n", s);
+			fprintf(stderr, "bench-gpu: bad count list \"%s\"\n", s);
 			exit(2);
 		}
 		out[n++] = (int) v;
@@ -954,10 +955,13 @@ main(int argc, char **argv)
 {
 	static const int ops_default[] = {1, 64, 2048};
 	static const int matmul_default[] = {17, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048};
+	static const int prefill_default[] = {2048, 32768};
 	int			ops_n[16],
-				matmul_n[16];
+				matmul_n[16],
+				prefill_n[16];
 	int			n_ops = (int) G4_ARRAY_LEN(ops_default),
 				n_matmul = (int) G4_ARRAY_LEN(matmul_default),
+				n_prefill = (int) G4_ARRAY_LEN(prefill_default),
 				ops_tokens = 1,
 				lt_algos = 0;
 	const char *model = NULL;
@@ -970,6 +974,7 @@ main(int argc, char **argv)
 
 	memcpy(ops_n, ops_default, sizeof(ops_default));
 	memcpy(matmul_n, matmul_default, sizeof(matmul_default));
+	memcpy(prefill_n, prefill_default, sizeof(prefill_default));
 	for (i = 1; i < argc; i++)
 	{
 		if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
@@ -982,17 +987,19 @@ main(int argc, char **argv)
 			kv_dtype = strcmp(argv[i], "bf16") == 0 ? G4_KV_BF16 : G4_KV_TURBOQUANT_K8V4;
 		}
 		else if (strcmp(argv[i], "--ops-n") == 0 && i + 1 < argc)
-			n_ops = parse_counts(argv[++i], ops_n, (int) G4_ARRAY_LEN(ops_n));
+			n_ops = parse_counts(argv[++i], ops_n, (int) G4_ARRAY_LEN(ops_n), MAX_TOKENS);
 		else if (strcmp(argv[i], "--ops-tokens") == 0 && i + 1 < argc)
 			ops_tokens = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--matmul-n") == 0 && i + 1 < argc)
-			n_matmul = parse_counts(argv[++i], matmul_n, (int) G4_ARRAY_LEN(matmul_n));
+			n_matmul = parse_counts(argv[++i], matmul_n, (int) G4_ARRAY_LEN(matmul_n), MAX_TOKENS);
 		else if (strcmp(argv[i], "--lt-algos") == 0 && i + 1 < argc)
 			lt_algos = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--prefill-tokens") == 0 && i + 1 < argc)
+			n_prefill = parse_counts(argv[++i], prefill_n, (int) G4_ARRAY_LEN(prefill_n), MAX_LEN - 1);
 	}
 	if (!model || ops_tokens < 1 || ops_tokens > 8)
 	{
-		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,knockout,prefill,capacity] [--kv bf16|tq] [--ops-n LIST] [--ops-tokens T] [--matmul-n LIST] [--lt-algos N]\n");
+		fprintf(stderr, "usage: bench-gpu --model DIR [--what ops,decode,knockout,prefill,capacity] [--kv bf16|tq] [--ops-n LIST] [--ops-tokens T] [--matmul-n LIST] [--lt-algos N] [--prefill-tokens LIST]\n");
 		return 2;
 	}
 	if (g4_backend_cuda_create(0, &be, &err) != G4_OK)
@@ -1015,7 +1022,7 @@ main(int argc, char **argv)
 	if (strstr(what, "knockout"))
 		bench_knockout();
 	if (strstr(what, "prefill"))
-		bench_prefill();
+		bench_prefill(prefill_n, n_prefill);
 	if (strstr(what, "capacity"))
 		bench_capacity();
 	printf("\n== bench-gpu summary (%s, kv %s) ==\n", name, kv_name(kv_dtype));

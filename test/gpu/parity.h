@@ -211,8 +211,8 @@ typedef struct
  * f16-exact values, query heads (0: the pool's), RoPE over every pair of
  * the full layers (else proportional, as Gemma 4's), the scores budget of
  * the full layers' prefill products (G4_ATTN_GEMM_SCORES, bytes; 0: the
- * backend's), the keys their softmax holds in registers
- * (G4_ATTN_GEMM_SOFTMAX; 0: the backend's), and the mma.sync prefill
+ * backend's), their keys per block (G4_ATTN_GEMM_KEYS; 0: the
+ * backend's), and the mma.sync prefill
  * kernel where the warpgroup-MMA one would serve (G4_ATTN_PREFILL=mma) */
 typedef struct
 {
@@ -223,7 +223,7 @@ typedef struct
 				heads,
 				full_rope,
 				gemm_scores,
-				gemm_softmax,
+				gemm_keys,
 				prefill_mma;
 } pool_args;
 

@@ -411,7 +411,7 @@ attention_describe(const parity_row *r, int i, char *label, size_t size)
 	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s%s%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
 			 keqv ? " k_eq_v" : "", st->name, st->n[a->group], a->exact16 ? " exact-in" : "",
 			 a->full_rope ? " full-rope" : "", a->gemm_scores ? " sliced" : "",
-			 a->gemm_softmax ? " softmax-streamed" : "", a->prefill_mma ? " mma.sync" : "");
+			 a->gemm_keys ? " key-blocks" : "", a->prefill_mma ? " mma.sync" : "");
 	/* a projection of 256 columns or fewer stays float32 on the device
 	 * (nothing to take a copy): attention's check only */
 	return pool_heads(a) * hd > 256 ? 2 : 1;
@@ -450,7 +450,7 @@ attention_env(const pool_args *a)
 	char		v[32];
 
 	unsetenv("G4_ATTN_GEMM_SCORES");
-	unsetenv("G4_ATTN_GEMM_SOFTMAX");
+	unsetenv("G4_ATTN_GEMM_KEYS");
 	unsetenv("G4_ATTN_PREFILL");
 	if (a && a->prefill_mma)
 		setenv("G4_ATTN_PREFILL", "mma", 1);
@@ -459,10 +459,10 @@ attention_env(const pool_args *a)
 		snprintf(v, sizeof(v), "%d", a->gemm_scores);
 		setenv("G4_ATTN_GEMM_SCORES", v, 1);
 	}
-	if (a && a->gemm_softmax)
+	if (a && a->gemm_keys)
 	{
-		snprintf(v, sizeof(v), "%d", a->gemm_softmax);
-		setenv("G4_ATTN_GEMM_SOFTMAX", v, 1);
+		snprintf(v, sizeof(v), "%d", a->gemm_keys);
+		setenv("G4_ATTN_GEMM_KEYS", v, 1);
 	}
 }
 

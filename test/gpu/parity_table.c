@@ -393,12 +393,13 @@ const parity_row parity_table[] = {
 	 ATTN_CHECK("attention(tc)", 0.1, WHY_TC), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(RUN_STEPS),
 	 ATTN_CHECK("attention(gemm)", 0.1, WHY_GEMM), .share = 6},
-	/* the runs in slices of 65 and 31 tokens (a 4 MB scores budget) */
+	/* a 4 MB scores budget: the long run in two slices of 300 tokens over
+	 * blocks of 208 keys */
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1, .gemm_scores = 4 << 20), EACH(RUN_STEPS),
 	 ATTN_CHECK("attention(gemm)", 0.1, WHY_GEMM), .share = 6},
-	/* rows past the keys the softmax holds in registers (2,048 here) read
-	 * twice, as past 32k keys */
-	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1, .gemm_softmax = 2048), EACH(RUN_STEPS),
+	/* keys in blocks of 128: rows' maxima raised and their outputs rescaled
+	 * between blocks, as past 8,192 keys in a 16k chunk */
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1, .gemm_keys = 128), EACH(RUN_STEPS),
 	 ATTN_CHECK("attention(gemm)", 0.1, WHY_GEMM), .share = 6},
 
 	/* f16-exact inputs (seed 12; decoded turboquant values are not) */
@@ -414,7 +415,7 @@ const parity_row parity_table[] = {
 	 ATTN_CHECK("attention(gemm)", 2e-3, WHY_GEMM_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1, .gemm_scores = 4 << 20), EACH(RUN_STEPS),
 	 ATTN_CHECK("attention(gemm)", 2e-3, WHY_GEMM_EXACT), .share = 7},
-	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1, .gemm_softmax = 2048), EACH(RUN_STEPS),
+	{POOL(exact, .dtype = G4_KV_F32, .exact16 = 1, .group = 1, .gemm_keys = 128), EACH(RUN_STEPS),
 	 ATTN_CHECK("attention(gemm)", 2e-3, WHY_GEMM_EXACT), .share = 7},
 	{POOL(exact, .dtype = G4_KV_BF16, .exact16 = 1), EACH(ATT_DECODE_1),
 	 ATTN_CHECK("attention(f32)", 2e-5, WHY_ATT_F32), .share = 8},
