@@ -815,11 +815,20 @@ typedef struct
  * steps (1 + the drafts, at most 8). */
 #define ATTN_DECODE_MAX_RUN 8
 
+/* The k_eq_v decode kernel on warpgroup MMA up to this many sequences, the
+ * mma.sync one beyond: alone it is faster at every batch (34.6 against 59.6
+ * us a layer at 16 sequences, 97.0 against 120.0 at 64), but in the step
+ * only up to 16 (decode B=16 2k 5.79 -> 5.67 ms; B=64 9.46 -> 9.62-9.63,
+ * B=128 and 256 the same; RESULTS.md, runs 136-141) */
+#define ATTN_DECODE_FULL_WGMMA_MAX_SEQS 16
+
 /*
  * The choice, by shape (figures: test/bench/RESULTS.md):
  *  - decode kernels: turboquant head_dim 256 without k_eq_v
  *    (attention_decode.cu) and head_dim 512 with k_eq_v, up to 16 query
- *    heads per KV head (attention_decode_full.cu), on steps whose
+ *    heads per KV head (attention_decode_full.cu: on warpgroup MMA on
+ *    sm_90a, G4_ATTN_DECODE_FULL=mma keeping the mma.sync kernel), on
+ *    steps whose
  *    sequences bring at most ATTN_DECODE_MAX_RUN tokens each: plain decode
  *    and verify steps.  Their split count is chosen for the step's
  *    sequences, not its tokens, so a verify step computes each token's
@@ -894,7 +903,13 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 			ch->min_keys = 4 * G4_KV_BLOCK_TOKENS;	/* a pool block for each warp */
 			return G4_OK;
 		}
-		ch->fn = attn_decode_full_kernel_for(hd, dtype, L->k_eq_v, gq, &ch->threads, &ch->smem);
+		/* G4_ATTN_DECODE_FULL=mma keeps the mma.sync k_eq_v kernel on sm_90a
+		 * (read at every call: the parity rows set it per row) */
+		const char *df_env = getenv("G4_ATTN_DECODE_FULL");
+		int			wg = c->wgmma && seqs <= ATTN_DECODE_FULL_WGMMA_MAX_SEQS &&
+			!(df_env && strcmp(df_env, "mma") == 0);
+
+		ch->fn = attn_decode_full_kernel_for(hd, dtype, L->k_eq_v, gq, L->rope_pairs, wg, &ch->threads, &ch->smem);
 		if (ch->fn)
 		{
 			ch->name = "attention (decode, k_eq_v)";
@@ -1041,6 +1056,7 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.scale = L->scale;
 	a.knorm = L->k_norm_w;
 	a.inv_freq = L->inv_freq;
+	a.rope_pairs = L->rope_pairs;
 	a.layer_base = kv->base[L->group] + (size_t) L->index * kv->layer_stride[L->group];
 	a.layer_block_bytes = kv->layer_block_bytes[L->group];
 	a.head_block_bytes = g4_kv_head_block_bytes(kv->dtype, hd, L->k_eq_v);

@@ -47,6 +47,7 @@ struct attn_args
 	float		scale;
 	const float *knorm;			/* k_eq_v */
 	const float *inv_freq;		/* k_eq_v */
+	int			rope_pairs;		/* k_eq_v: inv_freq's rotated pairs, leading */
 	const uint8_t *layer_base;
 	size_t		layer_block_bytes;
 	size_t		head_block_bytes;
@@ -87,6 +88,14 @@ int			g4c_attention_gemm(g4_cuda *c, const attn_args *a);
  * device runs the sm_90a kernels) */
 attn_kernel_fn g4c_attention_prefill_kernel(int hd, int k_eq_v, int dtype, int gq, int wgmma, int *rows, int *threads,
 											int *smem);
+
+/* Eight floats as f16 (g4c_pack_f16) into 16 bytes of shared memory. */
+__device__ __forceinline__ void
+put8_f16(unsigned char *p, const float x[8])
+{
+	*reinterpret_cast<uint4 *>(p) =
+		make_uint4(g4c_pack_f16(x[0], x[1]), g4c_pack_f16(x[2], x[3]), g4c_pack_f16(x[4], x[5]), g4c_pack_f16(x[6], x[7]));
+}
 
 /* Head block of (slot, position) for KV head g, or NULL. */
 __device__ __forceinline__ const uint8_t *
@@ -758,8 +767,9 @@ tc_store_block(const attn_args &a, int b, int ks, int ke, const tc_raw<HD, DT, K
 attn_kernel_fn attn_decode_kernel_for(int hd, int dtype, int k_eq_v, int gq, int groups, int sm_count, int *smem);
 
 /* attention_decode_full.cu: the decode kernel of k_eq_v layers for this
- * geometry, or NULL; *threads its block size, *smem its dynamic shared
- * memory. */
-attn_kernel_fn attn_decode_full_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *threads, int *smem);
+ * geometry, or NULL (wgmma: the device runs the sm_90a kernels); *threads
+ * its block size, *smem its dynamic shared memory. */
+attn_kernel_fn attn_decode_full_kernel_for(int hd, int dtype, int k_eq_v, int gq, int rope_pairs, int wgmma,
+										   int *threads, int *smem);
 
 #endif

@@ -14,6 +14,10 @@
  * key elements are the codes too; only the rotated pairs pay for the
  * rebuild, with the same float32 angle as every other kernel.
  *
+ * Two kernels: attn_decode_full_wgmma_kernel (sm_90a, below the first)
+ * and this mma.sync one, which serves other devices and layers whose
+ * rotated pairs are not 16, 32, 48 or 64 (every pair: the tests' full
+ * RoPE).
  * A block takes one (token, KV head, split) and walks its keys in chunks
  * of DF_BLOCKS 16-key pool blocks, each chunk staged into shared memory by
  * cp.async while the previous one is computed:
@@ -38,6 +42,7 @@
  * phase, 8 bytes of four keys in the value phase) are conflict-free.
  */
 #include "attention.cuh"
+#include "wgmma.cuh"
 
 #define DF_BLOCKS 4				/* pool blocks of a chunk */
 #define DF_WARPS (2 * DF_BLOCKS)	/* two per pool block for the scores */
@@ -562,11 +567,501 @@ attn_decode_full_kernel(attn_args a)
 	}
 }
 
+/*
+ * The warpgroup-MMA kernel (sm_90a; rotated pairs a multiple of 16 within
+ * the first 64, as Gemma 4's proportional RoPE has them).  One block of two warpgroups
+ * per (token, KV head, split); the chunk's keys are the MMAs' M, so one
+ * warpgroup's MMAs cover a chunk of 64 keys where the mma.sync kernel
+ * above spent eight warps and four barriers.  Per chunk of DW_KEYS keys:
+ *   1. its codes, loaded into registers during the previous chunk, become
+ *      the f16 tile C [key][dim] (the values, and the keys on the dims
+ *      RoPE leaves alone, k_norm folded into the query there); the rotated
+ *      pairs' keys RoPE(c ⊙ k_norm) go to a tile of their own (dims
+ *      [0, 64) and [HD/2, HD/2 + 64)); the next chunk's codes are loaded;
+ *   2. Sᵀ = K'·Q'ᵀ (keys × query rows): each warpgroup 16 wgmma m64n16k16
+ *      over half the dims, the two halves exchanged through shared memory
+ *      and added (a + b = b + a: both hold the same scores);
+ *   3. the softmax of each query row over the chunk's keys, scaled by each
+ *      key's scale s: a row's chunk maximum meets across the warpgroup's
+ *      four warps in shared memory; P' = p·s as f16 [row][key];
+ *   4. Oᵀ += Cᵀ·P'ᵀ (head dims × query rows), each warpgroup over half the
+ *      dims: 16 wgmma m64n16k16, C read MN-major as A, so the values are
+ *      the codes themselves.
+ * A thread's work between barriers is what bounds a chunk (latency: one
+ * warpgroup of 128 threads took ~10 µs a chunk at any batch), so the
+ * conversion and rotation are shared by all 256 threads.  The numerics are
+ * the mma.sync kernel's: f16 codes, query and P', float32 scores, sums and
+ * outputs.  Each thread keeps its own keys' share of a row's Σp, summed at
+ * the end.
+ */
+#define DW_KEYS 64				/* keys of a chunk: four pool blocks */
+#define DW_ROWS 16				/* query rows: the MMAs' N (gq <= 16) */
+#define DW_ROPE_PAIRS 64		/* rotated pairs it takes: one 64-dim slab each half */
+#define DW_HD 512
+#define DW_THREADS 256
+
+/* Shared memory: C [8 slabs][64 keys][128 B] | the rotated slabs' keys
+ * [2][64][128 B] | Q' [8 slabs][16 rows][128 B] | P' [16 rows][128 B] |
+ * RoPE {inv_freq, k_norm lo, hi} [64] | row maxima [2 warpgroups][4
+ * warps][16] | key scales [64] | the halves of Sᵀ [2 warpgroups][128
+ * threads][8] */
+#define DW_SLAB (DW_KEYS * 128)
+#define DW_OFF_KR (8 * DW_SLAB)
+#define DW_OFF_Q (DW_OFF_KR + 2 * DW_SLAB)
+#define DW_OFF_P (DW_OFF_Q + 8 * DW_ROWS * 128)
+#define DW_OFF_ROPE (DW_OFF_P + DW_ROWS * 128)
+#define DW_OFF_RED (DW_OFF_ROPE + DW_ROPE_PAIRS * 16)
+#define DW_OFF_KS (DW_OFF_RED + 8 * DW_ROWS * 4)
+#define DW_OFF_XS (DW_OFF_KS + DW_KEYS * 4)
+#define DW_SMEM (DW_OFF_XS + DW_THREADS * 8 * 4)
+
+/* A chunk's codes in flight: thread t holds keys t / 16 + 16i (i < 4, in
+ * pool block i), 16 dims of each half (16 (t % 16) .. and HD/2 + that),
+ * the scale of key t (t < 64), and which of the chunk's pool blocks are
+ * there. */
+typedef struct
+{
+	uint4		lo[4],
+				hi[4];
+	uint16_t	ks;
+	unsigned	ok;
+} dw_codes;
+
+__device__ __forceinline__ void
+dw_load(const attn_args &a, int slot, int g, int cb, int b_end, dw_codes &r)
+{
+	const uint8_t *hb[DF_BLOCKS];
+	int			key = (int) (threadIdx.x >> 4),
+				pp = threadIdx.x & 15;
+
+	r.ok = 0;
+#pragma unroll
+	for (int kb = 0; kb < DF_BLOCKS; kb++)
+	{
+		hb[kb] = cb + kb < b_end ? kv_head_block(a, slot, (cb + kb) * G4_KV_BLOCK_TOKENS, g) : NULL;
+		if (hb[kb])
+			r.ok |= 1u << kb;
+		else if (cb + kb < b_end && threadIdx.x == 0)
+			atomicOr(a.status, G4C_STATUS_KV_MISSING);
+	}
+#pragma unroll
+	for (int i = 0; i < DF_BLOCKS; i++)
+	{
+		r.lo[i] = r.hi[i] = make_uint4(0, 0, 0, 0);
+		if (hb[i])
+		{
+			r.lo[i] = *reinterpret_cast<const uint4 *>(hb[i] + (size_t) key * DW_HD + 16 * pp);
+			r.hi[i] = *reinterpret_cast<const uint4 *>(hb[i] + (size_t) key * DW_HD + DW_HD / 2 + 16 * pp);
+		}
+	}
+	r.ks = 0;
+	if (threadIdx.x < DW_KEYS)
+	{
+		int			kb = threadIdx.x / G4_KV_BLOCK_TOKENS;
+		/* selects, not an indexed local array */
+		const uint8_t *src = kb == 0 ? hb[0] : kb == 1 ? hb[1] : kb == 2 ? hb[2] : hb[3];
+
+		if (src)
+			r.ks = *reinterpret_cast<const uint16_t *>(src + g4_kv_tq_kscale_off(DW_HD) +
+													   2 * (threadIdx.x % G4_KV_BLOCK_TOKENS));
+	}
+}
+
+/* 16 int8 codes as f16, into the two 16-byte chunks of dims d .. d + 15
+ * of key `key` in C */
+__device__ __forceinline__ void
+dw_put_codes(unsigned char *C, int key, int d, uint4 w)
+{
+	uint32_t	x[4] = {w.x ^ 0x80808080u, w.y ^ 0x80808080u, w.z ^ 0x80808080u, w.w ^ 0x80808080u};
+	uint32_t	h[8];
+
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+	{
+		h[2 * i] = i8x2_to_f16x2(x[i], 0x4140u);
+		h[2 * i + 1] = i8x2_to_f16x2(x[i], 0x4342u);
+	}
+	*reinterpret_cast<uint4 *>(C + wgt_off<DW_HD, DW_KEYS>(key, d)) = make_uint4(h[0], h[1], h[2], h[3]);
+	*reinterpret_cast<uint4 *>(C + wgt_off<DW_HD, DW_KEYS>(key, d + 8)) = make_uint4(h[4], h[5], h[6], h[7]);
+}
+
+/* The keys RoPE(c ⊙ k_norm) of the rotated pairs [0, rope_pairs) (a
+ * multiple of 16: whole k16 steps of dims [0, 64) and [HD/2, HD/2 + 64))
+ * of every key of the chunk (first position p0) into KR, from the codes in
+ * C.  Thread t: key t / 4, pairs 16 (t % 4) .. + 15.  A pair past
+ * inv_freq's nonzero ones would rotate by cos 1, sin 0 (exact): no branch
+ * on the frequency. */
+__device__ __forceinline__ void
+dw_rotate(const unsigned char *C, unsigned char *KR, const float4 *rope, int rope_pairs, int p0)
+{
+	int			key = threadIdx.x >> 2;
+	int			d0 = 16 * (threadIdx.x & 3);
+	float		p = (float) (p0 + key);
+
+	if (d0 >= rope_pairs)
+		return;					/* a plain k16 step: the scores read C there */
+#pragma unroll
+	for (int c = 0; c < 2; c++)
+	{
+		int			d = d0 + 8 * c;
+		uint4		lo = *reinterpret_cast<const uint4 *>(C + wgt_off<DW_HD, DW_KEYS>(key, d));
+		uint4		hi = *reinterpret_cast<const uint4 *>(C + wgt_off<DW_HD, DW_KEYS>(key, DW_HD / 2 + d));
+		uint32_t	lw[4] = {lo.x, lo.y, lo.z, lo.w},
+					hw[4] = {hi.x, hi.y, hi.z, hi.w};
+
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+		{
+			float2		l2 = __half22float2(*reinterpret_cast<const __half2 *>(&lw[i]));
+			float2		h2 = __half22float2(*reinterpret_cast<const __half2 *>(&hw[i]));
+			float		kx[2] = {l2.x, l2.y},
+						ky[2] = {h2.x, h2.y};
+
+#pragma unroll
+			for (int e = 0; e < 2; e++)
+			{
+				float4		r = rope[d + 2 * i + e];
+				float		kl = kx[e] * r.y,
+							kh = ky[e] * r.z,
+							sn,
+							cs;
+
+				/* keqv_key_pair's angle and rotation */
+				sincos_reduced(__fmul_rn(p, r.x), &sn, &cs);
+				kx[e] = kl * cs - kh * sn;
+				ky[e] = kh * cs + kl * sn;
+			}
+			lw[i] = g4c_pack_f16(kx[0], kx[1]);
+			hw[i] = g4c_pack_f16(ky[0], ky[1]);
+		}
+		*reinterpret_cast<uint4 *>(KR + wgt_off<DW_HD, DW_KEYS>(key, d)) = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+		*reinterpret_cast<uint4 *>(KR + DW_SLAB + wgt_off<DW_HD, DW_KEYS>(key, d)) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+	}
+}
+
+/* The query rows Q' (f16; k_norm folded in on the pairs RoPE leaves alone,
+ * rows past gq zero) into Qs, 8 dims a thread at a time. */
+__device__ __forceinline__ void
+dw_queries(const attn_args &a, int t, int g, unsigned char *Qs)
+{
+	for (int i = threadIdx.x; i < DW_ROWS * DW_HD / 8; i += DW_THREADS)
+	{
+		int			row = i / (DW_HD / 8),
+					d = 8 * (i % (DW_HD / 8));
+		float		x[8] = {};
+
+		if (row < a.gq)
+		{
+			const float *q = a.q + (size_t) t * a.q_stride + (size_t) (g * a.gq + row) * DW_HD + d;
+			float4		q0 = *reinterpret_cast<const float4 *>(q),
+						q1 = *reinterpret_cast<const float4 *>(q + 4),
+						k0 = *reinterpret_cast<const float4 *>(a.knorm + d),
+						k1 = *reinterpret_cast<const float4 *>(a.knorm + d + 4);
+			float		qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w},
+						kv[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
+
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				x[e] = (d + e) % (DW_HD / 2) < a.rope_pairs ? qv[e] : qv[e] * kv[e];
+		}
+		put8_f16(Qs + wgt_off<DW_HD, DW_ROWS>(row, d), x);
+	}
+}
+
+template <int HD>
+__global__ void __launch_bounds__(DW_THREADS, 2)
+attn_decode_full_wgmma_kernel(attn_args a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+	extern __shared__ __align__(1024) unsigned char sm[];
+	unsigned char *C = sm,
+			   *KR = sm + DW_OFF_KR,
+			   *Qs = sm + DW_OFF_Q,
+			   *Ps = sm + DW_OFF_P;
+	float4	   *rope = reinterpret_cast<float4 *>(sm + DW_OFF_ROPE);
+	int			wg = threadIdx.x >> 7;
+	float	   *red = reinterpret_cast<float *>(sm + DW_OFF_RED) + wg * 4 * DW_ROWS;	/* [warp][row] */
+	float	   *ksc = reinterpret_cast<float *>(sm + DW_OFF_KS);
+	float4	   *xs = reinterpret_cast<float4 *>(sm + DW_OFF_XS);	/* [thread][2] */
+	uint32_t	s_c = (uint32_t) __cvta_generic_to_shared(C),
+				s_kr = (uint32_t) __cvta_generic_to_shared(KR),
+				s_q = (uint32_t) __cvta_generic_to_shared(Qs),
+				s_p = (uint32_t) __cvta_generic_to_shared(Ps);
+	int			t = blockIdx.x / a.n_kv,
+				g = blockIdx.x % a.n_kv,
+				split = blockIdx.y;
+	int			warp = (threadIdx.x >> 5) & 3,	/* within the warpgroup */
+				lane = threadIdx.x & 31;
+	int			gr = lane >> 2,
+				tq = lane & 3;
+	int			lo,
+				hi,
+				slot,
+				b_begin,
+				b_end,
+				klo,
+				khi,
+				chunks;
+	bool		rot = a.rope_pairs > 0;
+	float		o[4][8] = {};	/* [the warpgroup's dim slab][m64n16 fragment]: Oᵀ */
+	float		m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY},
+				l[4] = {};
+	dw_codes	cur;
+
+	/* this thread's query rows (the accumulators' columns) are 2tq + 8j +
+	 * e, r = 2j + e; its keys (rows of Sᵀ) 16 warp + gr + 8h */
+#define DW_ROW(r) (2 * tq + 8 * ((r) >> 1) + ((r) & 1))
+	static_assert(HD == DW_HD, "head_dim 512");
+	g4c_pdl_wait();
+	lo = a.lo[t];
+	hi = a.hi[t];
+	slot = a.slot[t];
+	split_blocks(lo, hi, a.S, split, &b_begin, &b_end);
+	klo = max(lo, b_begin * G4_KV_BLOCK_TOKENS);
+	khi = min(hi, b_end * G4_KV_BLOCK_TOKENS);
+	chunks = b_end > b_begin ? (b_end - b_begin + DF_BLOCKS - 1) / DF_BLOCKS : 0;
+	if (chunks > 0)
+		dw_load(a, slot, g, b_begin, b_end, cur);
+	if (threadIdx.x < DW_ROPE_PAIRS)
+		rope[threadIdx.x] = make_float4(a.inv_freq[threadIdx.x], a.knorm[threadIdx.x],
+										a.knorm[threadIdx.x + HD / 2], 0.0f);
+	dw_queries(a, t, g, Qs);
+
+	for (int c = 0; c < chunks; c++)
+	{
+		int			cb = b_begin + c * DF_BLOCKS;
+		unsigned	ok = cur.ok;	/* the chunk's pool blocks that are there */
+		float		sc[8],
+					corr[4];
+
+		/* every warp is done with the previous chunk's products (and the
+		 * queries and RoPE table are in) */
+		wg_wait<0>();
+		wg_fence_regs(&o[0][0], 32);
+		__syncthreads();
+#pragma unroll
+		for (int i = 0; i < DF_BLOCKS; i++)
+		{
+			int			key = (int) (threadIdx.x >> 4) + 16 * i,
+						d = 16 * (threadIdx.x & 15);
+
+			dw_put_codes(C, key, d, cur.lo[i]);
+			dw_put_codes(C, key, HD / 2 + d, cur.hi[i]);
+		}
+		if (threadIdx.x < DW_KEYS)
+		{
+			int			p = cb * G4_KV_BLOCK_TOKENS + (int) threadIdx.x;
+
+			/* 0 for keys outside the range: their probabilities are 0, and
+			 * their slots may hold any bytes (a scale of NaN) */
+			ksc[threadIdx.x] = ((ok >> (threadIdx.x / G4_KV_BLOCK_TOKENS)) & 1) && p >= klo && p < khi ?
+				g4_f16_to_f32(cur.ks) : 0.0f;
+		}
+		if (c + 1 < chunks)
+			dw_load(a, slot, g, cb + DF_BLOCKS, b_end, cur);
+		if (rot)
+		{
+			__syncthreads();
+			dw_rotate(C, KR, rope, a.rope_pairs, cb * G4_KV_BLOCK_TOKENS);
+		}
+		wg_fence_proxy();
+		__syncthreads();
+
+		/* Sᵀ = K'·Q'ᵀ over the warpgroup's half of the dims */
+		wg_fence();
+#pragma unroll
+		for (int st = 0; st < HD / 32; st++)
+		{
+			int			slab = 4 * wg + (st >> 2);
+			/* the rotated k16 steps from KR */
+			uint32_t	ka = (slab & 3) == 0 && 16 * (st & 3) < a.rope_pairs ? s_kr + (slab >> 2) * DW_SLAB :
+				s_c + slab * DW_SLAB;
+
+			wg_mma_f16_ss16<0>(sc, wg_desc(ka + (st & 3) * 32), wg_desc(s_q + slab * DW_ROWS * 128 + (st & 3) * 32),
+							   st > 0);
+		}
+		wg_commit();
+		wg_wait<0>();
+		wg_fence_regs(sc, 8);
+		/* the other half from the other warpgroup's same thread */
+		xs[2 * threadIdx.x] = make_float4(sc[0], sc[1], sc[2], sc[3]);
+		xs[2 * threadIdx.x + 1] = make_float4(sc[4], sc[5], sc[6], sc[7]);
+		__syncthreads();
+		{
+			float4		x0 = xs[2 * (threadIdx.x ^ 128)],
+						x1 = xs[2 * (threadIdx.x ^ 128) + 1];
+
+			sc[0] += x0.x, sc[1] += x0.y, sc[2] += x0.z, sc[3] += x0.w;
+			sc[4] += x1.x, sc[5] += x1.y, sc[6] += x1.z, sc[7] += x1.w;
+		}
+
+		/* scores scaled (the key's scale and the layer's) and masked: sc[4j
+		 * + 2h + e] is key 16 warp + gr + 8h, query row DW_ROW(2j + e) */
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+		{
+			int			key = 16 * warp + gr + 8 * h;
+			int			p = cb * G4_KV_BLOCK_TOKENS + key;
+			bool		live = ((ok >> (key / G4_KV_BLOCK_TOKENS)) & 1) && p >= klo && p < khi;
+			float		f = ksc[key] * a.scale;
+
+#pragma unroll
+			for (int j = 0; j < 2; j++)
+#pragma unroll
+				for (int e = 0; e < 2; e++)
+				{
+					float	   *x = &sc[4 * j + 2 * h + e];
+
+					*x = live ? *x * f : -INFINITY;
+				}
+		}
+		/* the chunk's maximum of each query row over the warpgroup */
+#pragma unroll
+		for (int r = 0; r < 4; r++)
+		{
+			int			j = r >> 1,
+						e = r & 1;
+			float		x = fmaxf(sc[4 * j + e], sc[4 * j + 2 + e]);
+
+			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+			if (gr == 0)
+				red[warp * DW_ROWS + DW_ROW(r)] = x;
+		}
+		__syncthreads();
+		/* running maxima and sums; P' = p·s into Ps ([row][key], K-major),
+		 * by the first warpgroup (the second holds the same) */
+#pragma unroll
+		for (int r = 0; r < 4; r++)
+		{
+			int			j = r >> 1,
+						e = r & 1;
+			float		mx = m[r];
+
+#pragma unroll
+			for (int w = 0; w < 4; w++)
+				mx = fmaxf(mx, red[w * DW_ROWS + DW_ROW(r)]);
+			corr[r] = mx == -INFINITY ? 1.0f : __expf(m[r] - mx);
+			m[r] = mx;
+#pragma unroll
+			for (int h = 0; h < 2; h++)
+			{
+				float	   *x = &sc[4 * j + 2 * h + e];
+				int			key = 16 * warp + gr + 8 * h;
+				float		pv = *x == -INFINITY ? 0.0f : __expf(*x - mx);
+
+				l[r] = h == 0 ? l[r] * corr[r] + pv : l[r] + pv;
+				if (wg == 0)
+					*reinterpret_cast<__half *>(Ps + DW_ROW(r) * 128 + ((((key >> 3) & 7) ^ (DW_ROW(r) & 7)) << 4) +
+												((key & 7) << 1)) = __float2half_rn(pv * ksc[key]);
+			}
+		}
+		if (corr[0] != 1.0f || corr[1] != 1.0f || corr[2] != 1.0f || corr[3] != 1.0f)
+#pragma unroll
+			for (int s = 0; s < 4; s++)
+#pragma unroll
+				for (int i = 0; i < 8; i++)
+					o[s][i] *= corr[((i >> 2) << 1) | (i & 1)];
+		wg_fence_proxy();
+		__syncthreads();
+
+		/* Oᵀ += Cᵀ·P'ᵀ: the warpgroup's four dim slabs over the chunk's four
+		 * k16 steps of keys */
+		wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < DW_KEYS / 16; ks++)
+#pragma unroll
+			for (int s = 0; s < 4; s++)
+				wg_mma_f16_ss16<1>(o[s], wg_desc_mn(s_c + (4 * wg + s) * DW_SLAB + ks * 16 * 128),
+								   wg_desc(s_p + ks * 32), 1);
+		wg_commit();
+	}
+	/* the successor is scheduled only now: triggered at the start, its
+	 * blocks came in beside these (decode B=1 2k 4.62 -> 4.59 ms, B=256
+	 * 26.66 -> 26.08; RESULTS.md, run 141) */
+	g4c_pdl_trigger();
+	wg_wait<0>();
+	wg_fence_regs(&o[0][0], 32);
+
+	/* each row's Σp over the warpgroup's keys (both hold the same) */
+#pragma unroll
+	for (int r = 0; r < 4; r++)
+	{
+		l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
+		l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
+		l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+	}
+	__syncthreads();
+	if (gr == 0)
+#pragma unroll
+		for (int r = 0; r < 4; r++)
+			red[warp * DW_ROWS + DW_ROW(r)] = l[r];
+	__syncthreads();
+#pragma unroll
+	for (int r = 0; r < 4; r++)
+		l[r] = red[DW_ROW(r)] + red[DW_ROWS + DW_ROW(r)] + red[2 * DW_ROWS + DW_ROW(r)] + red[3 * DW_ROWS + DW_ROW(r)];
+
+	/* o[s][4j + 2h + e]: dim 64 (4 wg + s) + 16 warp + gr + 8h, query row
+	 * DW_ROW(2j + e) */
+#pragma unroll
+	for (int r = 0; r < 4; r++)
+	{
+		int			row = DW_ROW(r),
+					j = r >> 1,
+					e = r & 1;
+		float	   *dst;
+		uint16_t   *dstb = NULL;
+		float		mul = 1.0f;
+
+		if (row >= a.gq)
+			continue;
+		if (a.S == 1)
+		{
+			size_t		at = (size_t) t * a.out_stride + (size_t) (g * a.gq + row) * HD;
+
+			dst = a.out + at;
+			dstb = a.out_bf16 ? a.out_bf16 + at : NULL;
+			mul = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+		}
+		else
+		{
+			dst = a.partial + (((size_t) blockIdx.x * a.S + split) * a.gq + row) * (HD + 2);
+			if (threadIdx.x < 4)
+			{
+				dst[0] = m[r];
+				dst[1] = l[r];
+			}
+			dst += 2;
+		}
+#pragma unroll
+		for (int s = 0; s < 4; s++)
+#pragma unroll
+			for (int h = 0; h < 2; h++)
+			{
+				int			d = 64 * (4 * wg + s) + 16 * warp + gr + 8 * h;
+				float		v = o[s][4 * j + 2 * h + e] * mul;
+
+				dst[d] = v;
+				if (dstb)
+					dstb[d] = g4_f32_to_bf16(v);
+			}
+	}
+#undef DW_ROW
+#endif
+}
+
 attn_kernel_fn
-attn_decode_full_kernel_for(int hd, int dtype, int k_eq_v, int gq, int *threads, int *smem)
+attn_decode_full_kernel_for(int hd, int dtype, int k_eq_v, int gq, int rope_pairs, int wgmma, int *threads, int *smem)
 {
 	if (dtype != G4_KV_TURBOQUANT_K8V4 || !k_eq_v || gq < 1 || gq > DF_ROWS || hd != 512)
 		return NULL;
+	if (wgmma && rope_pairs <= DW_ROPE_PAIRS && rope_pairs % 16 == 0)
+	{
+		*threads = DW_THREADS;
+		*smem = DW_SMEM;
+		return attn_decode_full_wgmma_kernel<512>;
+	}
 	*threads = DF_WARPS * 32;
 	*smem = df_geom<512>::SMEM;
 	return attn_decode_full_kernel<512>;

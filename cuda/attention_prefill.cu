@@ -109,13 +109,6 @@ pf_stage_tile(const attn_args &a, int slot, int g, int kt, int ks, int ke, uint8
 	g4c_cp_async_commit();
 }
 
-__device__ __forceinline__ void
-pf_put8(unsigned char *p, const float x[8])
-{
-	*reinterpret_cast<uint4 *>(p) =
-		make_uint4(g4c_pack_f16(x[0], x[1]), g4c_pack_f16(x[2], x[3]), g4c_pack_f16(x[4], x[5]), g4c_pack_f16(x[6], x[7]));
-}
-
 /* Eight turboquant elements of one key from its raw block: the key codes
  * as exact f16 (the key's scale multiplies its scores instead: pf_softmax)
  * and the values (2c - 15) · scale, each one rounding of the exact product
@@ -206,8 +199,8 @@ pf_decode_tile(int kt, int ks, int ke, const uint8_t *raw, int hbb_pad, const in
 			decode_elems<DT, 8>(hb, off, PF_HD, d, true, false, kx);
 			decode_elems<DT, 8>(hb, off, PF_HD, d, false, false, vx);
 		}
-		pf_put8(Kt + G::kv_off(j, d), kx);
-		pf_put8(Vt + G::kv_off(j, d), vx);
+		put8_f16(Kt + G::kv_off(j, d), kx);
+		put8_f16(Vt + G::kv_off(j, d), vx);
 	}
 }
 

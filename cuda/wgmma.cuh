@@ -10,11 +10,11 @@
  * row, and each 8-row atom (1024 bytes) starts 1024-byte aligned.
  *   - K-major (wg_desc): a row holds 64 consecutive k of one m or n; a
  *     k16 step further along the row is the start address + 32 bytes.
- *   - MN-major (wg_desc_mn, for B with the transpose bit): a row holds 64
- *     consecutive n of one k, 8 k per atom.  Used with n = 64 only, so
- *     the stride between 64-wide n blocks never enters, and both of the
- *     descriptor's offsets carry the one stride left, between the atoms of
- *     8 k.
+ *   - MN-major (wg_desc_mn, with the transpose bit: B, or A read from
+ *     shared memory): a row holds 64 consecutive m or n of one k, 8 k per
+ *     atom.  Used with 64 of them only, so the stride between 64-wide
+ *     blocks never enters, and both of the descriptor's offsets carry the
+ *     one stride left, between the atoms of 8 k.
  */
 #ifndef G4_WGMMA_CUH
 #define G4_WGMMA_CUH
@@ -89,6 +89,21 @@ wg_desc_mn(uint32_t addr)
 	"%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define WG_D32_OPS(d) WG_D24_OPS(d), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), \
 	"+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+#define WG_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define WG_D8_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+
+/* d (+)= A · B, 64 × 16 × 16 in f16 with float32 accumulation, both in
+ * shared memory: B K-major, A K-major or (TA) MN-major. */
+template <int TA>
+__device__ __forceinline__ void
+wg_mma_f16_ss16(float *d, uint64_t da, uint64_t db, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+				 "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 " WG_D8 ", %8, %9, p, 1, 1, %11, 0;\n}\n"
+				 : WG_D8_OPS(d)
+				 : "l"(da), "l"(db), "r"(accumulate), "n"(TA));
+}
 
 /* d (+)= A · B, 64 × 48 × 16 in f16 with float32 accumulation, A and B
  * K-major in shared memory; accumulate 0 overwrites d. */

@@ -82,6 +82,8 @@ typedef struct
 	float		scale;			/* multiplies q·k */
 	const float *k_norm_w;		/* device, [head_dim]; k_eq_v only */
 	const float *inv_freq;		/* device, [head_dim/2]; k_eq_v only */
+	int			rope_pairs;		/* inv_freq's pairs [0, rope_pairs) rotate and none
+								 * past them (g4_config_rope_pairs); k_eq_v only */
 } g4_kv_layer;
 
 /* Metadata of one step (host arrays; copied by step_begin). */

@@ -644,19 +644,27 @@ g4_config_validate(const g4_model_config *c, g4_err *err)
 	return G4_OK;
 }
 
+/* The pairs of a head that RoPE rotates: the first ones, all but where
+ * proportional RoPE keeps only a fraction. */
+int
+g4_config_rope_pairs(const g4_attn_type *a)
+{
+	if (a->rope_kind == G4_ROPE_PROPORTIONAL)
+		return (int) (a->partial_rotary_factor * (double) a->head_dim / 2.0);
+	return a->head_dim / 2;
+}
+
 void
 g4_config_inv_freq(const g4_attn_type *a, float *out)
 {
 	int			half = a->head_dim / 2;
-	int			rotated = half;
+	int			rotated = g4_config_rope_pairs(a);
 	int			j;
 
 	/* Same arithmetic as transformers: the exponent 2j/d in float32, then
 	 * base^e and its reciprocal.  Proportional RoPE keeps the full head
 	 * width in the exponent and zeroes the frequencies past the rotated
 	 * fraction (those dimensions pass through unchanged). */
-	if (a->rope_kind == G4_ROPE_PROPORTIONAL)
-		rotated = (int) (a->partial_rotary_factor * (double) a->head_dim / 2.0);
 	for (j = 0; j < half; j++)
 	{
 		if (j < rotated)

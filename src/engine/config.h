@@ -118,5 +118,6 @@ int			g4_config_validate(const g4_model_config *c, g4_err *err);
 
 /* Inverse RoPE frequencies of an attention type: out[head_dim/2]. */
 void		g4_config_inv_freq(const g4_attn_type *a, float *out);
+int			g4_config_rope_pairs(const g4_attn_type *a);
 
 #endif

@@ -359,6 +359,7 @@ load_layer(loader *L, int i, g4_err *err)
 	ly->kv.scale = c->attn_scale;
 	ly->kv.k_norm_w = ly->k_norm;
 	ly->kv.inv_freq = m->inv_freq[c->layer_full[i] ? 1 : 0];
+	ly->kv.rope_pairs = g4_config_rope_pairs(a);
 	return G4_OK;
 }
 

@@ -212,8 +212,9 @@ typedef struct
  * the full layers (else proportional, as Gemma 4's), the scores budget of
  * the full layers' prefill products (G4_ATTN_GEMM_SCORES, bytes; 0: the
  * backend's), their keys per block (G4_ATTN_GEMM_KEYS; 0: the
- * backend's), and the mma.sync prefill
- * kernel where the warpgroup-MMA one would serve (G4_ATTN_PREFILL=mma) */
+ * backend's), and the mma.sync prefill and k_eq_v decode kernels where
+ * the warpgroup-MMA ones would serve (G4_ATTN_PREFILL=mma,
+ * G4_ATTN_DECODE_FULL=mma) */
 typedef struct
 {
 	int			dtype,
@@ -224,7 +225,7 @@ typedef struct
 				full_rope,
 				gemm_scores,
 				gemm_keys,
-				prefill_mma;
+				mma_sync;
 } pool_args;
 
 typedef struct

@@ -142,6 +142,9 @@ layer_of(const pool_t *P, int g, int index, int gpu, float scale)
 	L.scale = scale;
 	L.k_norm_w = gpu ? P->dknorm[g] : P->knorm[g];
 	L.inv_freq = gpu ? P->dinvf[g] : P->invf[g];
+	/* the rotated pairs lead (inv_freq_for, or none for f16-exact pools) */
+	while (L.rope_pairs < P->hd[g] / 2 && P->invf[g][L.rope_pairs] != 0.0f)
+		L.rope_pairs++;
 	return L;
 }
 
@@ -411,7 +414,7 @@ attention_describe(const parity_row *r, int i, char *label, size_t size)
 	snprintf(label, size, "%s hd=%d gq=%d%s %s n=%d%s%s%s%s%s", dtype_name(a->dtype), hd, pool_heads(a) / nkv,
 			 keqv ? " k_eq_v" : "", st->name, st->n[a->group], a->exact16 ? " exact-in" : "",
 			 a->full_rope ? " full-rope" : "", a->gemm_scores ? " sliced" : "",
-			 a->gemm_keys ? " key-blocks" : "", a->prefill_mma ? " mma.sync" : "");
+			 a->gemm_keys ? " key-blocks" : "", a->mma_sync ? " mma.sync" : "");
 	/* a projection of 256 columns or fewer stays float32 on the device
 	 * (nothing to take a copy): attention's check only */
 	return pool_heads(a) * hd > 256 ? 2 : 1;
@@ -452,8 +455,12 @@ attention_env(const pool_args *a)
 	unsetenv("G4_ATTN_GEMM_SCORES");
 	unsetenv("G4_ATTN_GEMM_KEYS");
 	unsetenv("G4_ATTN_PREFILL");
-	if (a && a->prefill_mma)
+	unsetenv("G4_ATTN_DECODE_FULL");
+	if (a && a->mma_sync)
+	{
 		setenv("G4_ATTN_PREFILL", "mma", 1);
+		setenv("G4_ATTN_DECODE_FULL", "mma", 1);
+	}
 	if (a && a->gemm_scores)
 	{
 		snprintf(v, sizeof(v), "%d", a->gemm_scores);

@@ -385,7 +385,7 @@ const parity_row parity_table[] = {
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 ATTN_CHECK("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
 	/* the mma.sync prefill kernel where the warpgroup-MMA one serves */
-	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .prefill_mma = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
+	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .mma_sync = 1), EACH(ATT_PREFILL_DECODE, ATT_PREFILL_LONG),
 	 ATTN_CHECK("attention(prefill)", 0.1, WHY_PREFILL), .share = 6},
 	{POOL(gemma4, .dtype = G4_KV_TURBOQUANT_K8V4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE), .share = 6},
@@ -439,13 +439,16 @@ const parity_row parity_table[] = {
 	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 64), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
-	/* the k_eq_v decode kernel (full layers: one KV head) with fewer query
-	 * heads than its 16 rows, at 16, and with every pair rotated (its
-	 * rebuilding path for every piece group) */
+	/* the k_eq_v decode kernels (full layers: one KV head) with fewer query
+	 * heads than their 16 rows, at 16 (on sm_90a the warpgroup-MMA one;
+	 * then the mma.sync one there too), and with every pair rotated (the
+	 * mma.sync one, rebuilding every piece group) */
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 4, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16, .group = 1), EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY),
 	 ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
+	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16, .group = 1, .mma_sync = 1),
+	 EACH(ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY), ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
 	{POOL(decode, .dtype = G4_KV_TURBOQUANT_K8V4, .heads = 16, .group = 1, .full_rope = 1),
 	 EACH(ATT_DECODE_1, ATT_DECODE_4), ATTN_CHECK("attention(decode)", 0.1, WHY_DECODE)},
 
