@@ -321,6 +321,54 @@ df_values(const uint8_t *stage, const uint4 *pf, int warp, int lane, float o[][4
 	}
 }
 
+/* The token's sequence slot, this split's pool blocks [b_begin, b_end),
+ * their keys [klo, khi) within the token's range, and the chunks of
+ * DF_BLOCKS pool blocks over them (after the wait for the previous
+ * kernel). */
+__device__ __forceinline__ void
+df_split_range(const attn_args &a, int t, int split, int *slot, int *b_begin, int *b_end, int *klo, int *khi,
+			   int *chunks)
+{
+	int			lo = a.lo[t],
+				hi = a.hi[t];
+
+	*slot = a.slot[t];
+	split_blocks(lo, hi, a.S, split, b_begin, b_end);
+	*klo = max(lo, *b_begin * G4_KV_BLOCK_TOKENS);
+	*khi = min(hi, *b_end * G4_KV_BLOCK_TOKENS);
+	*chunks = *b_end > *b_begin ? (*b_end - *b_begin + DF_BLOCKS - 1) / DF_BLOCKS : 0;
+}
+
+/* Where query row `row` of (token t, KV head g, split) goes: the output,
+ * scaled by *mul = 1/l, with its bf16 copy (*dstb, where offered) when the
+ * range is not split; else the split's partial row after its (m, l)
+ * header, which the thread given `header` writes (attn_merge_kernel
+ * combines them). */
+__device__ __forceinline__ float *
+df_row_dst(const attn_args &a, int t, int g, int split, int row, float m, float l, bool header, uint16_t **dstb,
+		   float *mul)
+{
+	float	   *p;
+
+	*dstb = NULL;
+	*mul = 1.0f;
+	if (a.S == 1)
+	{
+		size_t		at = (size_t) t * a.out_stride + (size_t) (g * a.gq + row) * a.hd;
+
+		*dstb = a.out_bf16 ? a.out_bf16 + at : NULL;
+		*mul = l > 0.0f ? 1.0f / l : 0.0f;
+		return a.out + at;
+	}
+	p = a.partial + (((size_t) blockIdx.x * a.S + split) * a.gq + row) * (a.hd + 2);
+	if (header)
+	{
+		p[0] = m;
+		p[1] = l;
+	}
+	return p + 2;
+}
+
 /* Two stages: the next chunk loads while this one is computed (two blocks
  * per SM; one stage and three blocks per SM measured slower at 16
  * sequences, 77 -> 97 us per layer, run 44). */
@@ -346,9 +394,7 @@ attn_decode_full_kernel(attn_args a)
 				tq = lane & 3;
 	int			kb = warp % DF_BLOCKS,	/* the warp's pool block for the scores */
 				half = warp / DF_BLOCKS;	/* and its half of the k-steps */
-	int			lo,
-				hi,
-				slot,
+	int			slot,
 				b_begin,
 				b_end,
 				klo,
@@ -363,13 +409,7 @@ attn_decode_full_kernel(attn_args a)
 
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
-	lo = a.lo[t];
-	hi = a.hi[t];
-	slot = a.slot[t];
-	split_blocks(lo, hi, a.S, split, &b_begin, &b_end);
-	klo = max(lo, b_begin * G4_KV_BLOCK_TOKENS);
-	khi = min(hi, b_end * G4_KV_BLOCK_TOKENS);
-	chunks = b_end > b_begin ? (b_end - b_begin + DF_BLOCKS - 1) / DF_BLOCKS : 0;
+	df_split_range(a, t, split, &slot, &b_begin, &b_end, &klo, &khi, &chunks);
 	if (chunks > 0)
 		ok_cur = df_issue<HD>(a, slot, g, b_begin, b_end, stages);
 	for (int i = threadIdx.x; i < G::HALF; i += blockDim.x)
@@ -528,30 +568,13 @@ attn_decode_full_kernel(attn_args a)
 	for (int h = 0; h < 2; h++)
 	{
 		int			row = gr + 8 * h;
+		uint16_t   *dstb;
+		float		mul;
 		float	   *dst;
-		uint16_t   *dstb = NULL;	/* the bf16 copy (unsplit only) */
-		float		mul = 1.0f;
 
 		if (row >= a.gq)
 			continue;
-		if (a.S == 1)
-		{
-			size_t		at = (size_t) t * a.out_stride + (size_t) (g * a.gq + row) * HD;
-
-			dst = a.out + at;
-			dstb = a.out_bf16 ? a.out_bf16 + at : NULL;
-			mul = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-		}
-		else
-		{
-			dst = a.partial + (((size_t) blockIdx.x * a.S + split) * a.gq + row) * (HD + 2);
-			if (warp == 0 && tq == 0)
-			{
-				dst[0] = m[h];
-				dst[1] = l[h];
-			}
-			dst += 2;
-		}
+		dst = df_row_dst(a, t, g, split, row, m[h], l[h], warp == 0 && tq == 0, &dstb, &mul);
 #pragma unroll
 		for (int j = 0; j < G::NT; j++)
 #pragma unroll
@@ -569,10 +592,11 @@ attn_decode_full_kernel(attn_args a)
 
 /*
  * The warpgroup-MMA kernel (sm_90a; rotated pairs a multiple of 16 within
- * the first 64, as Gemma 4's proportional RoPE has them).  One block of two warpgroups
- * per (token, KV head, split); the chunk's keys are the MMAs' M, so one
- * warpgroup's MMAs cover a chunk of 64 keys where the mma.sync kernel
- * above spent eight warps and four barriers.  Per chunk of DW_KEYS keys:
+ * the first 64, as Gemma 4's proportional RoPE has them).  One block of
+ * two warpgroups per (token, KV head, split); the chunk's keys are the
+ * MMAs' M, so one warpgroup's MMAs cover a chunk of 64 keys where the
+ * mma.sync kernel above spent eight warps and four barriers.  Per chunk of
+ * DW_KEYS keys:
  *   1. its codes, loaded into registers during the previous chunk, become
  *      the f16 tile C [key][dim] (the values, and the keys on the dims
  *      RoPE leaves alone, k_norm folded into the query there); the rotated
@@ -587,12 +611,12 @@ attn_decode_full_kernel(attn_args a)
  *   4. Oᵀ += Cᵀ·P'ᵀ (head dims × query rows), each warpgroup over half the
  *      dims: 16 wgmma m64n16k16, C read MN-major as A, so the values are
  *      the codes themselves.
- * A thread's work between barriers is what bounds a chunk (latency: one
- * warpgroup of 128 threads took ~10 µs a chunk at any batch), so the
- * conversion and rotation are shared by all 256 threads.  The numerics are
- * the mma.sync kernel's: f16 codes, query and P', float32 scores, sums and
- * outputs.  Each thread keeps its own keys' share of a row's Σp, summed at
- * the end.
+ * The conversion and rotation are shared by all 256 threads.  Shared
+ * memory bounds the kernel (the f16 tile written, then read by the MMAs:
+ * L1/shared at 78 % of its throughput against DRAM's 18 % at 64
+ * sequences, ncu run 139).  The numerics are the mma.sync kernel's: f16
+ * codes, query and P', float32 scores, sums and outputs.  Each thread
+ * keeps its own keys' share of a row's Σp, summed at the end.
  */
 #define DW_KEYS 64				/* keys of a chunk: four pool blocks */
 #define DW_ROWS 16				/* query rows: the MMAs' N (gq <= 16) */
@@ -794,9 +818,7 @@ attn_decode_full_wgmma_kernel(attn_args a)
 				lane = threadIdx.x & 31;
 	int			gr = lane >> 2,
 				tq = lane & 3;
-	int			lo,
-				hi,
-				slot,
+	int			slot,
 				b_begin,
 				b_end,
 				klo,
@@ -813,13 +835,7 @@ attn_decode_full_wgmma_kernel(attn_args a)
 #define DW_ROW(r) (2 * tq + 8 * ((r) >> 1) + ((r) & 1))
 	static_assert(HD == DW_HD, "head_dim 512");
 	g4c_pdl_wait();
-	lo = a.lo[t];
-	hi = a.hi[t];
-	slot = a.slot[t];
-	split_blocks(lo, hi, a.S, split, &b_begin, &b_end);
-	klo = max(lo, b_begin * G4_KV_BLOCK_TOKENS);
-	khi = min(hi, b_end * G4_KV_BLOCK_TOKENS);
-	chunks = b_end > b_begin ? (b_end - b_begin + DF_BLOCKS - 1) / DF_BLOCKS : 0;
+	df_split_range(a, t, split, &slot, &b_begin, &b_end, &klo, &khi, &chunks);
 	if (chunks > 0)
 		dw_load(a, slot, g, b_begin, b_end, cur);
 	if (threadIdx.x < DW_ROPE_PAIRS)
@@ -1010,30 +1026,13 @@ attn_decode_full_wgmma_kernel(attn_args a)
 		int			row = DW_ROW(r),
 					j = r >> 1,
 					e = r & 1;
+		uint16_t   *dstb;
+		float		mul;
 		float	   *dst;
-		uint16_t   *dstb = NULL;
-		float		mul = 1.0f;
 
 		if (row >= a.gq)
 			continue;
-		if (a.S == 1)
-		{
-			size_t		at = (size_t) t * a.out_stride + (size_t) (g * a.gq + row) * HD;
-
-			dst = a.out + at;
-			dstb = a.out_bf16 ? a.out_bf16 + at : NULL;
-			mul = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-		}
-		else
-		{
-			dst = a.partial + (((size_t) blockIdx.x * a.S + split) * a.gq + row) * (HD + 2);
-			if (threadIdx.x < 4)
-			{
-				dst[0] = m[r];
-				dst[1] = l[r];
-			}
-			dst += 2;
-		}
+		dst = df_row_dst(a, t, g, split, row, m[r], l[r], threadIdx.x < 4, &dstb, &mul);
 #pragma unroll
 		for (int s = 0; s < 4; s++)
 #pragma unroll
