@@ -365,9 +365,9 @@ swz(int row, int d)
 #define TILE_ROT_ROWS 2
 
 /* Byte offset of element (row, d) of a 16-bit tile of ROWS rows in the
- * warpgroup-MMA layout (wgmma.cuh): [HD / 64][ROWS][128 bytes], each row's
- * 16-byte chunks XOR-swizzled by row. */
-template <int HD, int ROWS>
+ * warpgroup-MMA layout (wgmma.cuh): [dims / 64][ROWS][128 bytes], each
+ * row's 16-byte chunks XOR-swizzled by row. */
+template <int ROWS>
 __device__ __forceinline__ int
 wgt_off(int row, int d)
 {
@@ -380,7 +380,7 @@ __device__ __forceinline__ int
 qtile_off(int row, int d)
 {
 	if constexpr (WROWS > 0)
-		return wgt_off<HD, WROWS>(row, d);
+		return wgt_off<WROWS>(row, d);
 	else
 		return swz<HD>(row, d);
 }
@@ -565,6 +565,20 @@ sincos_reduced(float angle, float *s, float *c)
 	__sincosf(r, s, c);
 }
 
+/* RoPE of the pair (kl, kh) at position p (exact as a float) with inverse
+ * frequency f, in float32: the angle p·f rounded once, then its sine and
+ * cosine. */
+__device__ __forceinline__ void
+rope_pair(float kl, float kh, float f, float p, float *kx, float *ky)
+{
+	float		s,
+				co;
+
+	sincos_reduced(__fmul_rn(p, f), &s, &co);
+	*kx = kl * co - kh * s;
+	*ky = kh * co + kl * s;
+}
+
 /* The keys at dims d and d + HD/2 of a k_eq_v layer at position p, from
  * the stored (value) elements lo and hi: RoPE(v ⊙ k_norm) with inverse
  * frequency f (0: the pair is not rotated). */
@@ -575,14 +589,7 @@ keqv_key_pair(float lo, float hi, float kn_lo, float kn_hi, float f, int p, floa
 	float		kh = hi * kn_hi;
 
 	if (f != 0.0f)
-	{
-		float		s,
-					co;
-
-		sincos_reduced(__fmul_rn((float) p, f), &s, &co);
-		*kx = kl * co - kh * s;
-		*ky = kh * co + kl * s;
-	}
+		rope_pair(kl, kh, f, (float) p, kx, ky);
 	else
 	{
 		*kx = kl;

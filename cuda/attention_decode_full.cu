@@ -321,22 +321,43 @@ df_values(const uint8_t *stage, const uint4 *pf, int warp, int lane, float o[][4
 	}
 }
 
-/* The token's sequence slot, this split's pool blocks [b_begin, b_end),
- * their keys [klo, khi) within the token's range, and the chunks of
- * DF_BLOCKS pool blocks over them (after the wait for the previous
- * kernel). */
-__device__ __forceinline__ void
-df_split_range(const attn_args &a, int t, int split, int *slot, int *b_begin, int *b_end, int *klo, int *khi,
-			   int *chunks)
+/* What a block of (token, split) walks: the token's sequence slot, the
+ * split's pool blocks [b_begin, b_end), their keys [klo, khi) within the
+ * token's range, and the chunks of DF_BLOCKS pool blocks over them. */
+typedef struct
+{
+	int			slot,
+				b_begin,
+				b_end,
+				klo,
+				khi,
+				chunks;
+} df_range;
+
+/* (after the wait for the previous kernel) */
+__device__ __forceinline__ df_range
+df_split_range(const attn_args &a, int t, int split)
 {
 	int			lo = a.lo[t],
 				hi = a.hi[t];
+	df_range	r;
 
-	*slot = a.slot[t];
-	split_blocks(lo, hi, a.S, split, b_begin, b_end);
-	*klo = max(lo, *b_begin * G4_KV_BLOCK_TOKENS);
-	*khi = min(hi, *b_end * G4_KV_BLOCK_TOKENS);
-	*chunks = *b_end > *b_begin ? (*b_end - *b_begin + DF_BLOCKS - 1) / DF_BLOCKS : 0;
+	r.slot = a.slot[t];
+	split_blocks(lo, hi, a.S, split, &r.b_begin, &r.b_end);
+	r.klo = max(lo, r.b_begin * G4_KV_BLOCK_TOKENS);
+	r.khi = min(hi, r.b_end * G4_KV_BLOCK_TOKENS);
+	r.chunks = r.b_end > r.b_begin ? (r.b_end - r.b_begin + DF_BLOCKS - 1) / DF_BLOCKS : 0;
+	return r;
+}
+
+/* Whether key `key` of the chunk from pool block cb is one to attend to:
+ * its pool block there (bit of ok) and its position within [klo, khi). */
+__device__ __forceinline__ bool
+df_live(const df_range &rg, unsigned ok, int cb, int key)
+{
+	int			p = cb * G4_KV_BLOCK_TOKENS + key;
+
+	return ((ok >> (key / G4_KV_BLOCK_TOKENS)) & 1) && p >= rg.klo && p < rg.khi;
 }
 
 /* Where query row `row` of (token t, KV head g, split) goes: the output,
@@ -394,12 +415,7 @@ attn_decode_full_kernel(attn_args a)
 				tq = lane & 3;
 	int			kb = warp % DF_BLOCKS,	/* the warp's pool block for the scores */
 				half = warp / DF_BLOCKS;	/* and its half of the k-steps */
-	int			slot,
-				b_begin,
-				b_end,
-				klo,
-				khi,
-				chunks;
+	df_range	rg;
 	unsigned	ok_cur = 0,
 				ok_next = 0,
 				rot = 0;		/* bit i: piece group i has rotated pairs (df_scores) */
@@ -409,9 +425,9 @@ attn_decode_full_kernel(attn_args a)
 
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
-	df_split_range(a, t, split, &slot, &b_begin, &b_end, &klo, &khi, &chunks);
-	if (chunks > 0)
-		ok_cur = df_issue<HD>(a, slot, g, b_begin, b_end, stages);
+	rg = df_split_range(a, t, split);
+	if (rg.chunks > 0)
+		ok_cur = df_issue<HD>(a, rg.slot, g, rg.b_begin, rg.b_end, stages);
 	for (int i = threadIdx.x; i < G::HALF; i += blockDim.x)
 		rope[i] = make_float4(a.inv_freq[i], a.knorm[i], a.knorm[i + G::HALF], 0.0f);
 	__syncthreads();
@@ -428,9 +444,9 @@ attn_decode_full_kernel(attn_args a)
 	for (int j = 0; j < G::NT; j++)
 		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
-	for (int c = 0; c < chunks; c++)
+	for (int c = 0; c < rg.chunks; c++)
 	{
-		int			cb = b_begin + c * DF_BLOCKS;
+		int			cb = rg.b_begin + c * DF_BLOCKS;
 		const uint8_t *stage = stages + (c & 1) * G::STAGE;
 		const uint16_t *ks = reinterpret_cast<const uint16_t *>(stage + G::CODES);
 		int			pos0 = (cb + kb) * G4_KV_BLOCK_TOKENS;	/* the warp's pool block */
@@ -442,8 +458,8 @@ attn_decode_full_kernel(attn_args a)
 		/* the chunk is in, and every warp is done with the other stage */
 		g4c_cp_async_wait<0>();
 		__syncthreads();
-		if (c + 1 < chunks)
-			ok_next = df_issue<HD>(a, slot, g, cb + DF_BLOCKS, b_end, stages + ((c + 1) & 1) * G::STAGE);
+		if (c + 1 < rg.chunks)
+			ok_next = df_issue<HD>(a, rg.slot, g, cb + DF_BLOCKS, rg.b_end, stages + ((c + 1) & 1) * G::STAGE);
 
 		/* half of the scores of the warp's pool block; the second warp's
 		 * half to the first */
@@ -472,7 +488,7 @@ attn_decode_full_kernel(attn_args a)
 					int			k = kb * G4_KV_BLOCK_TOKENS + 8 * nt + 2 * tq + (e & 1);
 					int			p = pos0 + 8 * nt + 2 * tq + (e & 1);
 
-					sc[nt][e] = mine && p >= klo && p < khi ? sc[nt][e] * g4_f16_to_f32(ks[k]) * a.scale : -INFINITY;
+					sc[nt][e] = mine && p >= rg.klo && p < rg.khi ? sc[nt][e] * g4_f16_to_f32(ks[k]) * a.scale : -INFINITY;
 				}
 #pragma unroll
 			for (int h = 0; h < 2; h++)
@@ -531,7 +547,7 @@ attn_decode_full_kernel(attn_args a)
 				{
 					int			p = pos0 + 8 * nt + 2 * tq + e;
 
-					s[nt][e] = mine && p >= klo && p < khi ?
+					s[nt][e] = mine && p >= rg.klo && p < rg.khi ?
 						g4_f16_to_f32(ks[kb * G4_KV_BLOCK_TOKENS + 8 * nt + 2 * tq + e]) : 0.0f;
 				}
 			pf[kb * 32 + lane] = make_uint4(g4c_pack_f16(sc[0][0] * s[0][0], sc[0][1] * s[0][1]),
@@ -705,8 +721,8 @@ dw_put_codes(unsigned char *C, int key, int d, uint4 w)
 		h[2 * i] = i8x2_to_f16x2(x[i], 0x4140u);
 		h[2 * i + 1] = i8x2_to_f16x2(x[i], 0x4342u);
 	}
-	*reinterpret_cast<uint4 *>(C + wgt_off<DW_HD, DW_KEYS>(key, d)) = make_uint4(h[0], h[1], h[2], h[3]);
-	*reinterpret_cast<uint4 *>(C + wgt_off<DW_HD, DW_KEYS>(key, d + 8)) = make_uint4(h[4], h[5], h[6], h[7]);
+	*reinterpret_cast<uint4 *>(C + wgt_off<DW_KEYS>(key, d)) = make_uint4(h[0], h[1], h[2], h[3]);
+	*reinterpret_cast<uint4 *>(C + wgt_off<DW_KEYS>(key, d + 8)) = make_uint4(h[4], h[5], h[6], h[7]);
 }
 
 /* The keys RoPE(c ⊙ k_norm) of the rotated pairs [0, rope_pairs) (a
@@ -728,8 +744,8 @@ dw_rotate(const unsigned char *C, unsigned char *KR, const float4 *rope, int rop
 	for (int c = 0; c < 2; c++)
 	{
 		int			d = d0 + 8 * c;
-		uint4		lo = *reinterpret_cast<const uint4 *>(C + wgt_off<DW_HD, DW_KEYS>(key, d));
-		uint4		hi = *reinterpret_cast<const uint4 *>(C + wgt_off<DW_HD, DW_KEYS>(key, DW_HD / 2 + d));
+		uint4		lo = *reinterpret_cast<const uint4 *>(C + wgt_off<DW_KEYS>(key, d));
+		uint4		hi = *reinterpret_cast<const uint4 *>(C + wgt_off<DW_KEYS>(key, DW_HD / 2 + d));
 		uint32_t	lw[4] = {lo.x, lo.y, lo.z, lo.w},
 					hw[4] = {hi.x, hi.y, hi.z, hi.w};
 
@@ -745,21 +761,14 @@ dw_rotate(const unsigned char *C, unsigned char *KR, const float4 *rope, int rop
 			for (int e = 0; e < 2; e++)
 			{
 				float4		r = rope[d + 2 * i + e];
-				float		kl = kx[e] * r.y,
-							kh = ky[e] * r.z,
-							sn,
-							cs;
 
-				/* keqv_key_pair's angle and rotation */
-				sincos_reduced(__fmul_rn(p, r.x), &sn, &cs);
-				kx[e] = kl * cs - kh * sn;
-				ky[e] = kh * cs + kl * sn;
+				rope_pair(kx[e] * r.y, ky[e] * r.z, r.x, p, &kx[e], &ky[e]);
 			}
 			lw[i] = g4c_pack_f16(kx[0], kx[1]);
 			hw[i] = g4c_pack_f16(ky[0], ky[1]);
 		}
-		*reinterpret_cast<uint4 *>(KR + wgt_off<DW_HD, DW_KEYS>(key, d)) = make_uint4(lw[0], lw[1], lw[2], lw[3]);
-		*reinterpret_cast<uint4 *>(KR + DW_SLAB + wgt_off<DW_HD, DW_KEYS>(key, d)) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+		*reinterpret_cast<uint4 *>(KR + wgt_off<DW_KEYS>(key, d)) = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+		*reinterpret_cast<uint4 *>(KR + DW_SLAB + wgt_off<DW_KEYS>(key, d)) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
 	}
 }
 
@@ -788,7 +797,7 @@ dw_queries(const attn_args &a, int t, int g, unsigned char *Qs)
 			for (int e = 0; e < 8; e++)
 				x[e] = (d + e) % (DW_HD / 2) < a.rope_pairs ? qv[e] : qv[e] * kv[e];
 		}
-		put8_f16(Qs + wgt_off<DW_HD, DW_ROWS>(row, d), x);
+		put8_f16(Qs + wgt_off<DW_ROWS>(row, d), x);
 	}
 }
 
@@ -818,12 +827,7 @@ attn_decode_full_wgmma_kernel(attn_args a)
 				lane = threadIdx.x & 31;
 	int			gr = lane >> 2,
 				tq = lane & 3;
-	int			slot,
-				b_begin,
-				b_end,
-				klo,
-				khi,
-				chunks;
+	df_range	rg;
 	bool		rot = a.rope_pairs > 0;
 	float		o[4][8] = {};	/* [the warpgroup's dim slab][m64n16 fragment]: Oᵀ */
 	float		m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY},
@@ -835,17 +839,17 @@ attn_decode_full_wgmma_kernel(attn_args a)
 #define DW_ROW(r) (2 * tq + 8 * ((r) >> 1) + ((r) & 1))
 	static_assert(HD == DW_HD, "head_dim 512");
 	g4c_pdl_wait();
-	df_split_range(a, t, split, &slot, &b_begin, &b_end, &klo, &khi, &chunks);
-	if (chunks > 0)
-		dw_load(a, slot, g, b_begin, b_end, cur);
+	rg = df_split_range(a, t, split);
+	if (rg.chunks > 0)
+		dw_load(a, rg.slot, g, rg.b_begin, rg.b_end, cur);
 	if (threadIdx.x < DW_ROPE_PAIRS)
 		rope[threadIdx.x] = make_float4(a.inv_freq[threadIdx.x], a.knorm[threadIdx.x],
 										a.knorm[threadIdx.x + HD / 2], 0.0f);
 	dw_queries(a, t, g, Qs);
 
-	for (int c = 0; c < chunks; c++)
+	for (int c = 0; c < rg.chunks; c++)
 	{
-		int			cb = b_begin + c * DF_BLOCKS;
+		int			cb = rg.b_begin + c * DF_BLOCKS;
 		unsigned	ok = cur.ok;	/* the chunk's pool blocks that are there */
 		float		sc[8],
 					corr[4];
@@ -864,17 +868,12 @@ attn_decode_full_wgmma_kernel(attn_args a)
 			dw_put_codes(C, key, d, cur.lo[i]);
 			dw_put_codes(C, key, HD / 2 + d, cur.hi[i]);
 		}
+		/* 0 for keys outside the range: their probabilities are 0, and their
+		 * slots may hold any bytes (a scale of NaN) */
 		if (threadIdx.x < DW_KEYS)
-		{
-			int			p = cb * G4_KV_BLOCK_TOKENS + (int) threadIdx.x;
-
-			/* 0 for keys outside the range: their probabilities are 0, and
-			 * their slots may hold any bytes (a scale of NaN) */
-			ksc[threadIdx.x] = ((ok >> (threadIdx.x / G4_KV_BLOCK_TOKENS)) & 1) && p >= klo && p < khi ?
-				g4_f16_to_f32(cur.ks) : 0.0f;
-		}
-		if (c + 1 < chunks)
-			dw_load(a, slot, g, cb + DF_BLOCKS, b_end, cur);
+			ksc[threadIdx.x] = df_live(rg, ok, cb, threadIdx.x) ? g4_f16_to_f32(cur.ks) : 0.0f;
+		if (c + 1 < rg.chunks)
+			dw_load(a, rg.slot, g, cb + DF_BLOCKS, rg.b_end, cur);
 		if (rot)
 		{
 			__syncthreads();
@@ -917,8 +916,7 @@ attn_decode_full_wgmma_kernel(attn_args a)
 		for (int h = 0; h < 2; h++)
 		{
 			int			key = 16 * warp + gr + 8 * h;
-			int			p = cb * G4_KV_BLOCK_TOKENS + key;
-			bool		live = ((ok >> (key / G4_KV_BLOCK_TOKENS)) & 1) && p >= klo && p < khi;
+			bool		live = df_live(rg, ok, cb, key);
 			float		f = ksc[key] * a.scale;
 
 #pragma unroll
@@ -969,8 +967,8 @@ attn_decode_full_wgmma_kernel(attn_args a)
 
 				l[r] = h == 0 ? l[r] * corr[r] + pv : l[r] + pv;
 				if (wg == 0)
-					*reinterpret_cast<__half *>(Ps + DW_ROW(r) * 128 + ((((key >> 3) & 7) ^ (DW_ROW(r) & 7)) << 4) +
-												((key & 7) << 1)) = __float2half_rn(pv * ksc[key]);
+					*reinterpret_cast<__half *>(Ps + wgt_off<DW_ROWS>(DW_ROW(r), key)) =
+						__float2half_rn(pv * ksc[key]);
 			}
 		}
 		if (corr[0] != 1.0f || corr[1] != 1.0f || corr[2] != 1.0f || corr[3] != 1.0f)

@@ -71,7 +71,7 @@ struct pf_geom
 	__device__ static int kv_off(int j, int d)
 	{
 		if constexpr (WG)
-			return wgt_off<PF_HD, KT>(j, d);
+			return wgt_off<KT>(j, d);
 		else
 			return swz<PF_HD>(j, d);
 	}
@@ -341,9 +341,11 @@ struct pf_smem
 			   *kr;				/* the rows' union, [2] */
 	float	   *ksc;			/* [buffer][KT] */
 	int		   *present;		/* [buffer][PB] */
+	int			hbb_pad;		/* a raw block's bytes, 16-byte aligned */
 
 	__device__ pf_smem(unsigned char *base, int hbb)
 	{
+		hbb_pad = (hbb + 15) / 16 * 16;
 		Qs = base;
 		KV = base + G::Q_BYTES;
 		raw = KV + G::KV_BYTES;
@@ -352,6 +354,15 @@ struct pf_smem
 		kr = rhi + G::R;
 		ksc = reinterpret_cast<float *>(kr + 4);
 		present = reinterpret_cast<int *>(ksc + 2 * G::KT);
+	}
+	/* raw buffer b's blocks, and whether each was present */
+	__device__ uint8_t *raw_buf(int b) const
+	{
+		return raw + b * G::PB * hbb_pad;
+	}
+	__device__ int *present_buf(int b) const
+	{
+		return present + b * G::PB;
 	}
 };
 
@@ -411,7 +422,7 @@ struct pf_block
  * ranges): they travel while the queries are prepared. */
 template <class G>
 __device__ __forceinline__ pf_block
-pf_begin(const attn_args &a, const pf_smem<G> &sm, int hbb_pad)
+pf_begin(const attn_args &a, const pf_smem<G> &sm)
 {
 	constexpr int KT = G::KT;
 	int			tile = blockIdx.x / a.n_kv;
@@ -429,10 +440,10 @@ pf_begin(const attn_args &a, const pf_smem<G> &sm, int hbb_pad)
 	split_range(sm.kr[0], sm.kr[1], a.S, blk.split, KT, &blk.ks, &blk.ke);
 	if (blk.ks < blk.ke)
 	{
-		pf_stage_tile<G>(a, blk.slot, blk.g, blk.ks / KT, blk.ks, blk.ke, sm.raw, hbb_pad, sm.present);
+		pf_stage_tile<G>(a, blk.slot, blk.g, blk.ks / KT, blk.ks, blk.ke, sm.raw_buf(0), sm.hbb_pad, sm.present_buf(0));
 		if ((blk.ke - 1) / KT > blk.ks / KT)
-			pf_stage_tile<G>(a, blk.slot, blk.g, blk.ks / KT + 1, blk.ks, blk.ke, sm.raw + G::PB * hbb_pad, hbb_pad,
-							 sm.present + G::PB);
+			pf_stage_tile<G>(a, blk.slot, blk.g, blk.ks / KT + 1, blk.ks, blk.ke, sm.raw_buf(1), sm.hbb_pad,
+							 sm.present_buf(1));
 	}
 	return blk;
 }
@@ -441,15 +452,15 @@ pf_begin(const attn_args &a, const pf_smem<G> &sm, int hbb_pad)
  * bytes (pf_begin's first group) and the queries are in. */
 template <int DT, class G>
 __device__ __forceinline__ void
-pf_first_tile(const pf_block &blk, const pf_smem<G> &sm, int hbb_pad)
+pf_first_tile(const pf_block &blk, const pf_smem<G> &sm)
 {
 	if ((blk.ke - 1) / G::KT > blk.ks / G::KT)
 		g4c_cp_async_wait<1>();
 	else
 		g4c_cp_async_wait<0>();
 	__syncthreads();
-	pf_decode_tile<DT, G>(blk.ks / G::KT, blk.ks, blk.ke, sm.raw, hbb_pad, sm.present, sm.KV, sm.KV + G::TILE_BYTES,
-						  sm.ksc);
+	pf_decode_tile<DT, G>(blk.ks / G::KT, blk.ks, blk.ke, sm.raw_buf(0), sm.hbb_pad, sm.present_buf(0), sm.KV,
+						  sm.KV + G::TILE_BYTES, sm.ksc);
 }
 
 /* The epilogue: this warp's rows 16·warp + gr (+8), dims 8i + 2tq (+1),
@@ -528,9 +539,8 @@ attn_prefill_kernel(attn_args a)
 	using G = pf_geom<NW, false>;
 	constexpr int KT = G::KT;
 	extern __shared__ __align__(1024) unsigned char sm_raw[];
-	int			hbb_pad = ((int) a.head_block_bytes + 15) / 16 * 16;
 	pf_smem<G>	sm(sm_raw, (int) a.head_block_bytes);
-	pf_block	blk = pf_begin<G>(a, sm, hbb_pad);
+	pf_block	blk = pf_begin<G>(a, sm);
 	int			ks = blk.ks,
 				ke = blk.ke;
 	float		o[PF_HD / 8][4] = {};
@@ -551,7 +561,7 @@ attn_prefill_kernel(attn_args a)
 
 		pf_lane_rows(sm.rlo, sm.rhi, ks, ke, lo, hi);
 		pf_warp_union(lo, hi, &wlo, &whi);
-		pf_first_tile<DT, G>(blk, sm, hbb_pad);
+		pf_first_tile<DT, G>(blk, sm);
 		for (int kt = kt0; kt <= kt1; kt++)
 		{
 			int			b = (kt - kt0) & 1;
@@ -564,10 +574,10 @@ attn_prefill_kernel(attn_args a)
 			g4c_cp_async_wait<0>();
 			__syncthreads();
 			if (kt + 2 <= kt1)
-				pf_stage_tile<G>(a, blk.slot, blk.g, kt + 2, ks, ke, sm.raw + b * G::PB * hbb_pad, hbb_pad, sm.present + b * G::PB);
+				pf_stage_tile<G>(a, blk.slot, blk.g, kt + 2, ks, ke, sm.raw_buf(b), sm.hbb_pad, sm.present_buf(b));
 			if (kt + 1 <= kt1)
-				pf_decode_tile<DT, G>(kt + 1, ks, ke, sm.raw + (1 - b) * G::PB * hbb_pad, hbb_pad,
-									  sm.present + (1 - b) * G::PB, Kn, Kn + G::TILE_BYTES, sm.ksc + (1 - b) * KT);
+				pf_decode_tile<DT, G>(kt + 1, ks, ke, sm.raw_buf(1 - b), sm.hbb_pad, sm.present_buf(1 - b), Kn,
+									  Kn + G::TILE_BYTES, sm.ksc + (1 - b) * KT);
 			/* a warp whose rows see none of this tile's keys skips it */
 			if (kt * KT < whi && (kt + 1) * KT > wlo)
 			{
@@ -610,11 +620,10 @@ attn_prefill_wgmma_kernel(attn_args a)
 	constexpr int NW = 8;
 	constexpr int HALF = KT / NW / 2;	/* key units per warp in each decoding half */
 	extern __shared__ __align__(1024) unsigned char sm_raw[];
-	int			hbb_pad = ((int) a.head_block_bytes + 15) / 16 * 16;
 	pf_smem<G>	sm(sm_raw, (int) a.head_block_bytes);
 	uint32_t	s_q = (uint32_t) __cvta_generic_to_shared(sm.Qs) + (threadIdx.x >> 7) * 64 * 128;
 	uint32_t	s_kv = (uint32_t) __cvta_generic_to_shared(sm.KV);
-	pf_block	blk = pf_begin<G>(a, sm, hbb_pad);
+	pf_block	blk = pf_begin<G>(a, sm);
 	int			ks = blk.ks,
 				ke = blk.ke;
 	float		o[PF_HD / 8][4] = {};
@@ -633,7 +642,7 @@ attn_prefill_wgmma_kernel(attn_args a)
 					hi[2];
 
 		pf_lane_rows(sm.rlo, sm.rhi, ks, ke, lo, hi);
-		pf_first_tile<DT, G>(blk, sm, hbb_pad);
+		pf_first_tile<DT, G>(blk, sm);
 		wg_fence_proxy();
 		for (int kt = kt0; kt <= kt1; kt++)
 		{
@@ -641,8 +650,8 @@ attn_prefill_wgmma_kernel(attn_args a)
 			uint32_t	s_k = s_kv + b * 2 * G::TILE_BYTES,
 						s_v = s_k + G::TILE_BYTES;
 			unsigned char *Kn = sm.KV + (1 - b) * 2 * G::TILE_BYTES;
-			const uint8_t *rn = sm.raw + (1 - b) * G::PB * hbb_pad;
-			const int  *pn = sm.present + (1 - b) * G::PB;
+			const uint8_t *rn = sm.raw_buf(1 - b);
+			const int  *pn = sm.present_buf(1 - b);
 			float	   *ksn = sm.ksc + (1 - b) * KT;
 			bool		next = kt + 1 <= kt1;
 			float		s[KT / 8][4];
@@ -651,7 +660,7 @@ attn_prefill_wgmma_kernel(attn_args a)
 			g4c_cp_async_wait<0>();
 			__syncthreads();
 			if (kt + 2 <= kt1)
-				pf_stage_tile<G>(a, blk.slot, blk.g, kt + 2, ks, ke, sm.raw + b * G::PB * hbb_pad, hbb_pad, sm.present + b * G::PB);
+				pf_stage_tile<G>(a, blk.slot, blk.g, kt + 2, ks, ke, sm.raw_buf(b), sm.hbb_pad, sm.present_buf(b));
 			wg_fence();
 #pragma unroll
 			for (int st = 0; st < PF_HD / 16; st++)
@@ -659,7 +668,7 @@ attn_prefill_wgmma_kernel(attn_args a)
 								wg_desc(s_k + (st >> 2) * KT * 128 + (st & 3) * 32), st > 0);
 			wg_commit();
 			if (next)
-				pf_decode_tile<DT, G, 0, HALF>(kt + 1, ks, ke, rn, hbb_pad, pn, Kn, Kn + G::TILE_BYTES, ksn);
+				pf_decode_tile<DT, G, 0, HALF>(kt + 1, ks, ke, rn, sm.hbb_pad, pn, Kn, Kn + G::TILE_BYTES, ksn);
 			wg_wait<0>();
 			wg_fence_regs(&s[0][0], KT / 2);
 			pf_softmax<KT>(s, kt * KT, a.scale, sm.ksc + b * KT, lo, hi, m, l, o);
@@ -680,7 +689,7 @@ attn_prefill_wgmma_kernel(attn_args a)
 			wg_commit();
 			if (next)
 			{
-				pf_decode_tile<DT, G, HALF, 2 * HALF>(kt + 1, ks, ke, rn, hbb_pad, pn, Kn, Kn + G::TILE_BYTES, ksn);
+				pf_decode_tile<DT, G, HALF, 2 * HALF>(kt + 1, ks, ke, rn, sm.hbb_pad, pn, Kn, Kn + G::TILE_BYTES, ksn);
 				wg_fence_proxy();
 			}
 			wg_wait<0>();
