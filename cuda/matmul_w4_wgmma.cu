@@ -483,6 +483,14 @@ wgmma_launch(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y, co
 int
 g4c_matmul_i4_wgmma(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y, const g4c_geglu_after *gg)
 {
+	/* 33 to 64 rows of a weight with fewer 256-row tiles than half the SMs
+	 * (o, down, qkv: 15 to 40 tiles, K split up to eight ways) in tiles of
+	 * 128 rows: twice the tiles, so K splits fewer ways and fewer partial
+	 * sums are written and added.  Measured (RESULTS.md, run 146): decode
+	 * B=64 +0.9-1.4 %; gate_up's 120 tiles so too -5 %, and these weights
+	 * at 9 to 32 rows -2 %. */
+	if (n > 32 && n <= 64 && w->units < 8 * (int64_t) c->sm_count)
+		return wgmma_launch<64, 1>(c, w, x, n, y, gg);
 	if (n <= 32)
 		return wgmma_launch<32, 2>(c, w, x, n, y, gg);
 	if (n <= 64)
