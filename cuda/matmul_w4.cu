@@ -75,7 +75,7 @@ g4c_pack_i4(g4_cuda *c, g4_weight *w, const uint32_t *raw, const uint16_t *raw_s
  *                             GEMV 116.8 us, wgmma 79.5; at 8: 81.6 / 77.6,
  *                             at 4: 57.8 / 75.6; run 56);
  *   n <= I4_WGMMA_MAX_ROWS    on Hopper, the warpgroup-MMA kernel
- *                             (matmul_w4_wgmma.cu), 32 / 64 / 128 token rows
+ *                             (matmul_w4_wgmma.cu), 16, 32, 64 or 128 tokens
  *                             per block (tiles of 128 above), K split to
  *                             fill the GPU (bf16 activations: bf16-class);
  *                             cuBLASLt beyond;

@@ -7,7 +7,7 @@
  * The weights are the A operand, dequantised in registers: the packed int4
  * tiles (cuda_common.cuh) are already in the A-fragment order of a 16-row
  * slice, which is what each warp of a warpgroup holds for m64nNk16.  The
- * token rows are the B operand, N = 32, 64 or 128 of them, read by the
+ * token rows are the B operand, N = 16, 32, 64 or 128 of them, read by the
  * tensor cores straight from shared memory through a matrix descriptor: the
  * stage's activation tile (N rows of 64 bf16, 16-byte chunks XOR-swizzled by
  * row) is the K-major 128-byte-swizzle layout.  One wgmma then covers 64
@@ -66,6 +66,18 @@ wg_stage_bytes(void)
  * to zeros set by other instructions, which would serialise the wgmmas */
 template <int NTOK>
 __device__ __forceinline__ void wg_mma(float *acc, const uint32_t a[4], uint64_t desc, int accumulate);
+
+template <>
+__device__ __forceinline__ void
+wg_mma<16>(float *d, const uint32_t a[4], uint64_t desc, int accumulate)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+				 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+				 "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+				 "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+				 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+				 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+}
 
 template <>
 __device__ __forceinline__ void
@@ -222,11 +234,20 @@ wg_dequant_step(const uint4 &w, uint32_t s_lo, uint32_t s_hi, int s, uint32_t af
 
 #endif							/* __CUDA_ARCH_FEAT_SM90_ALL */
 
+/* Blocks per SM the registers must allow: 3 for tiles of 16 tokens (74
+ * registers, no spills), 2 for the others.  Held to 3, tiles of 32 tokens
+ * (66 registers) made decode B=16 3 % slower (run 150). */
+constexpr int
+wg_min_blocks(int ntok)
+{
+	return ntok == 16 ? 3 : 2;
+}
+
 /* Grid as gemm_kernel's: x token tiles of NTOK, y weight tiles of 8R units,
  * z K ranges of a.kr k-tiles.  Shared memory: WG_STAGES stages, then their
  * mbarriers. */
 template <int NTOK, int R>
-__global__ void __launch_bounds__(GEMM_THREADS, 2)
+__global__ void __launch_bounds__(GEMM_THREADS, wg_min_blocks(NTOK))
 w4_wgmma_kernel(gemm_args a, const __grid_constant__ wg_maps m)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -491,6 +512,10 @@ g4c_matmul_i4_wgmma(g4_cuda *c, const g4_weight *w, const float *x, int n, float
 	 * at 9 to 32 rows -2 %. */
 	if (n > 32 && n <= 64 && w->units < 8 * (int64_t) c->sm_count)
 		return wgmma_launch<64, 1>(c, w, x, n, y, gg);
+	/* 9 to 16 rows (the GEMV serves 1 to 8) in tiles of 16 tokens, not
+	 * 32: decode B=16 +1.6 % (run 150) */
+	if (n <= 16)
+		return wgmma_launch<16, 2>(c, w, x, n, y, gg);
 	if (n <= 32)
 		return wgmma_launch<32, 2>(c, w, x, n, y, gg);
 	if (n <= 64)
