@@ -42,8 +42,8 @@
 #include "matmul.cuh"
 #include "wgmma.cuh"
 
-/* Stages per block.  Four (two k-tiles in flight, 53 / 70 / 86 KB of shared
- * memory at 32 / 64 / 128 tokens) rather than five: alone the kernel runs
+/* Stages per block.  Four (two k-tiles in flight, 48 / 53 / 70 / 86 KB of
+ * shared memory at 16 / 32 / 64 / 128 tokens) rather than five: alone the kernel runs
  * the same with 3 to 5, but in a step the smaller blocks are resident
  * beside the previous kernel's sooner (decode B=128 7,440 -> 7,937 tok/s,
  * B=64 5,940 -> 6,013; run 76), and 6 or 8 stages at 64 / 32 tokens were
