@@ -43,11 +43,11 @@
 #include "wgmma.cuh"
 
 /* Stages per block.  Four (two k-tiles in flight, 48 / 53 / 70 / 86 KB of
- * shared memory at 16 / 32 / 64 / 128 tokens) rather than five: alone the kernel runs
- * the same with 3 to 5, but in a step the smaller blocks are resident
- * beside the previous kernel's sooner (decode B=128 7,440 -> 7,937 tok/s,
- * B=64 5,940 -> 6,013; run 76), and 6 or 8 stages at 64 / 32 tokens were
- * slower (run 75). */
+ * shared memory at 16 / 32 / 64 / 128 tokens) rather than five: alone the
+ * kernel runs the same with 3 to 5, but in a step the smaller blocks are
+ * resident beside the previous kernel's sooner (decode B=128 7,440 -> 7,937
+ * tok/s, B=64 5,940 -> 6,013; run 76), and 6 or 8 stages at 64 / 32 tokens
+ * were slower (run 75). */
 #define WG_STAGES 4
 
 /* Bytes of one stage: the activation tile, then 8R units' words and scales,
