@@ -72,10 +72,9 @@ __device__ __forceinline__ void
 wg_mma<16>(float *d, const uint32_t a[4], uint64_t desc, int accumulate)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-				 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-				 "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+				 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_D8 ", "
 				 "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-				 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+				 : WG_D8_OPS(d)
 				 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
 }
 

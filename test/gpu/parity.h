@@ -129,7 +129,9 @@ void		host_weight_make(g4_host_weight *w, int fmt, int64_t out, int64_t in);
 double		max_rel(const float *a, const float *ref, size_t n);
 /* the 4-byte words (floats bit for bit) of two arrays of n that differ */
 double		count_differing_words(const void *a, const void *b, size_t n);
-void		inv_freq_for(int hd, int proportional, double theta, float *out);
+/* a head's inverse RoPE frequencies (proportional: a quarter of the pairs
+ * rotate); returns the rotated pairs, which lead (g4_config_rope_pairs) */
+int			inv_freq_for(int hd, int proportional, double theta, float *out);
 
 /* ---- the table ---------------------------------------------------------------------- */
 

@@ -33,6 +33,7 @@ typedef struct
 	int32_t    *tables[2];		/* host */
 	float	   *knorm[2],
 			   *invf[2];		/* host */
+	int			rope_pairs[2];	/* invf's rotated pairs, which lead */
 	float	   *dknorm[2],
 			   *dinvf[2];		/* device */
 	int			filled[2];		/* fill_context done for the group */
@@ -116,7 +117,7 @@ pool_make(pool_t *P, const pool_args *a)
 		P->invf[g] = p_malloc((size_t) P->hd[g] / 2 * 4);
 		for (i = 0; i < (size_t) P->hd[g]; i++)
 			P->knorm[g][i] = 1.0f + 0.2f * nrm();
-		inv_freq_for(P->hd[g], g == 1 && !a->full_rope, g == 1 ? 1e6 : 1e4, P->invf[g]);
+		P->rope_pairs[g] = inv_freq_for(P->hd[g], g == 1 && !a->full_rope, g == 1 ? 1e6 : 1e4, P->invf[g]);
 		P->dknorm[g] = gpu_copy(P->knorm[g], (size_t) P->hd[g] * 4);
 		P->dinvf[g] = gpu_copy(P->invf[g], (size_t) P->hd[g] / 2 * 4);
 	}
@@ -142,9 +143,7 @@ layer_of(const pool_t *P, int g, int index, int gpu, float scale)
 	L.scale = scale;
 	L.k_norm_w = gpu ? P->dknorm[g] : P->knorm[g];
 	L.inv_freq = gpu ? P->dinvf[g] : P->invf[g];
-	/* the rotated pairs lead (inv_freq_for, or none for f16-exact pools) */
-	while (L.rope_pairs < P->hd[g] / 2 && P->invf[g][L.rope_pairs] != 0.0f)
-		L.rope_pairs++;
+	L.rope_pairs = P->rope_pairs[g];
 	return L;
 }
 
@@ -439,6 +438,7 @@ attention_setup(const parity_row *r)
 			for (i = 0; i < P->hd[g]; i++)
 				P->knorm[g][i] = (i % 3) ? 1.0f : 0.5f;
 			memset(P->invf[g], 0, (size_t) P->hd[g] / 2 * 4);
+			P->rope_pairs[g] = 0;
 			gpu_put(P->dknorm[g], P->knorm[g], (size_t) P->hd[g] * 4);
 			gpu_put(P->dinvf[g], P->invf[g], (size_t) P->hd[g] / 2 * 4);
 		}

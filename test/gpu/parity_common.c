@@ -446,7 +446,7 @@ max_rel(const float *a, const float *ref, size_t n)
 	return m / (r > 0 ? r : 1.0);
 }
 
-void
+int
 inv_freq_for(int hd, int proportional, double theta, float *out)
 {
 	g4_attn_type a;
@@ -458,4 +458,5 @@ inv_freq_for(int hd, int proportional, double theta, float *out)
 	a.partial_rotary_factor = proportional ? 0.25 : 1.0;
 	a.rope_factor = 1.0;
 	g4_config_inv_freq(&a, out);
+	return g4_config_rope_pairs(&a);
 }
