@@ -5,15 +5,13 @@
  *    distance of transformers' float32 run from its float64 run, + 1e-6)
  *    and greedy continuations equal to transformers';
  *  - 64 greedy tokens identical to the CPU backend's for every golden
- *    prompt in each KV dtype (f32, bf16, turboquant_k8v4); with the f32
- *    pool the first logits must also agree within the sum of both backends'
- *    bounds against float64.  A bf16 or turboquant pool rounds each stored
- *    element to a code: a value within float32 rounding of a code boundary
- *    may take the neighbouring code on one backend (a 2^-8 relative step
- *    for bf16), which moves the logits by ~1e-2 (kv_store itself is
- *    byte-identical on identical inputs: parity_attention.c); the difference is
- *    reported, and a parting of the continuations must be a near tie (see
- *    the test);
+ *    prompt with the f32 pool, and the first logits within the sum of both
+ *    backends' bounds against float64;
+ *  - with the bf16 and turboquant pools, state for state: after every step
+ *    the two pools hold the same codes or neighbouring ones (a value within
+ *    float32 noise of a code boundary may take either side), and a step
+ *    that left them identical gives logits within the f32 pool's bound;
+ *    the free-running continuations' partings are printed as figures;
  *  - seeded sampling on the device gives the CPU engine's tokens;
  *  - step-graph replay and the device's greedy choice give bit-identical
  *    logits and the same tokens as plain issue and the host argmax;
@@ -30,6 +28,7 @@
 
 #include "engine_internal.h"
 #include "harness.h"
+#include "kv_pool_diff.h"
 #include "step_driver.h"
 #include "test.h"
 #include "util.h"
@@ -273,17 +272,19 @@ trace_free(trace *t)
 }
 
 /*
- * With the f32 pool the tokens must be identical.  A bf16 or turboquant
- * pool may store a different code for a value within float32 rounding of a
- * code boundary, which perturbs the logits (the fixture's span about ±4) by
- * the effect of a few code steps: at most 0.05 (bf16) / 0.15 (turboquant,
- * int4 value steps are 2/15 of a group's maximum) at the first step and
- * wherever the continuations part, where the CPU's margin between the two
- * choices then lies within twice that perturbation (a near tie).  A wrong
- * decoding or indexing would move logits by O(1).  Every parting is printed
- * with its margin and perturbation.
+ * Free-running greedy continuations through the engine, GPU against CPU.
+ * With the f32 pool the tokens must be identical and the first logits
+ * within the sum of both backends' bounds against float64.  A bf16 or
+ * turboquant pool may store the neighbouring code for a value within
+ * float32 noise of a code boundary; each such flip perturbs every later
+ * step, and the continuations part where the perturbation grown by then
+ * exceeds a near tie (RESULTS.md, runs 98-105: the first logits of "long"
+ * differ by 7.7e-3 in bf16 and 3.6e-2 in turboquant).  No fixed bound on
+ * a free run has a basis there, so the quantised pools' figures are
+ * printed, and what must hold of them is checked state for state by
+ * gpu_model_quantised_pools_match_cpu_state_for_state.
  */
-G4_TEST(gpu_model_greedy_matches_cpu_every_kv_dtype)
+G4_TEST(gpu_model_greedy_matches_cpu)
 {
 	static const char *const dn[] = {"f32", "bf16", "turboquant_k8v4"};
 	g4_err		err;
@@ -300,7 +301,6 @@ G4_TEST(gpu_model_greedy_matches_cpu_every_kv_dtype)
 		CHECK_OK(trace_run(model, &G, G4_BACKEND_CPU, dtype, 0, ct, &err), &err);
 		for (k = 0; k < N_CASES; k++)
 		{
-			char		label[96];
 			int			i,
 						first = -1,
 						V = ct->vocab;
@@ -314,49 +314,42 @@ G4_TEST(gpu_model_greedy_matches_cpu_every_kv_dtype)
 			if (first < 0 && gt->n_tok[k] != ct->n_tok[k])
 				first = G4_MIN(gt->n_tok[k], ct->n_tok[k]);
 			dl = h_max_abs_diff(gt->logits[k], ct->logits[k], V, NULL);
-			snprintf(label, sizeof(label), "%s %s first logits max|gpu-cpu|", dn[dtype], case_names[k]);
-			if (dtype == G4_KV_F32)
+			if (dtype != G4_KV_F32)
+			{
+				printf("FIGURE %-18s | %s %s: first logits max|gpu-cpu| %.3e; ", "greedy vs cpu", dn[dtype],
+					   case_names[k], dl);
+				if (first < 0)
+					printf("%d tokens identical\n", ct->n_tok[k]);
+				else if (first < gt->n_logits[k] && first < ct->n_logits[k] && first < ct->n_tok[k] &&
+						 first < gt->n_tok[k])
+				{
+					const float *lc = ct->logits[k] + (size_t) first * V;
+					const float *lg = gt->logits[k] + (size_t) first * V;
+
+					printf("tokens part at step %d, CPU margin %.3e between the choices, logit difference "
+						   "there %.3e\n", first, fabs((double) lc[ct->tok[k][first]] - (double) lc[gt->tok[k][first]]),
+						   h_max_abs_diff(lg, lc, V, NULL));
+				}
+				else
+					printf("lengths differ from step %d\n", first);
+				continue;
+			}
 			{
 				const g4j  *c = h_golden_case(&G, case_names[k]);
 				double		bound = 2.0 * (ERR_FACTOR * g4j_get_num(c, "fp32_vs_fp64", 0.0) + ERR_FLOOR);
+				char		label[96];
 
+				snprintf(label, sizeof(label), "%s %s first logits max|gpu-cpu|", dn[dtype], case_names[k]);
 				printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", "logits vs cpu", label, dl, bound,
 					   dl <= bound ? "ok" : "FAIL");
 				CHECK_MSG(dl <= bound, "%s %s: first logits differ by %.3g (bound %.3g)", dn[dtype], case_names[k], dl,
 						  bound);
-			}
-			else
-			{
-				double		pmax = dtype == G4_KV_BF16 ? 0.05 : 0.15;
-
-				printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", "logits vs cpu", label, dl, pmax,
-					   dl <= pmax ? "ok" : "FAIL");
-				CHECK_MSG(dl <= pmax, "%s %s: first logits differ by %.3g", dn[dtype], case_names[k], dl);
-			}
-			snprintf(label, sizeof(label), "%s %s (%d tokens; tokens differing)", dn[dtype], case_names[k],
-					 ct->n_tok[k]);
-			if (first < 0)
-				printf("PARITY %-18s | %-44s | %10d | %8d | ok\n", "greedy vs cpu", label, 0, 0);
-			else
-			{
-				int			ok = 0;
-
-				if (dtype != G4_KV_F32 && first < gt->n_logits[k] && first < ct->n_logits[k] && first < gt->n_tok[k] &&
-					first < ct->n_tok[k])
-				{
-					const float *lc = ct->logits[k] + (size_t) first * V;
-					const float *lg = gt->logits[k] + (size_t) first * V;
-					double		margin = fabs((double) lc[ct->tok[k][first]] - (double) lc[gt->tok[k][first]]);
-					double		pert = h_max_abs_diff(lg, lc, V, NULL);
-
-					ok = pert <= (dtype == G4_KV_BF16 ? 0.05 : 0.15) && margin <= 2.0 * pert;
-					printf("FIGURE %-18s | %s %s: tokens part at step %d; CPU margin %.3e between the choices, "
-						   "logit difference there %.3e (%s)\n", "greedy vs cpu", dn[dtype], case_names[k], first,
-						   margin, pert, ok ? "a near tie" : "NOT a near tie");
-				}
+				snprintf(label, sizeof(label), "%s %s (%d tokens; tokens differing)", dn[dtype], case_names[k],
+						 ct->n_tok[k]);
 				printf("PARITY %-18s | %-44s | %10d | %8d | %s\n", "greedy vs cpu", label,
-					   ct->n_tok[k] - first, 0, ok ? "ok (tie)" : "FAIL");
-				CHECK_MSG(ok, "%s %s: greedy tokens part from the CPU's at step %d", dn[dtype], case_names[k], first);
+					   first < 0 ? 0 : ct->n_tok[k] - first, 0, first < 0 ? "ok" : "FAIL");
+				CHECK_MSG(first < 0, "%s %s: greedy tokens part from the CPU's at step %d", dn[dtype], case_names[k],
+						  first);
 			}
 		}
 		trace_free(gt);
@@ -364,6 +357,224 @@ G4_TEST(gpu_model_greedy_matches_cpu_every_kv_dtype)
 		free(gt);
 		free(ct);
 	}
+	h_golden_free(&G);
+}
+
+/* One model with its pool on a backend, for the state-for-state test. */
+typedef struct
+{
+	g4_backend *be;
+	drv			d;
+	uint8_t    *img[G4_KVG_COUNT];	/* the pool's last download */
+	size_t		bytes[G4_KVG_COUNT];
+	float	   *logits;
+} pool_side;
+
+static int
+pool_side_open(pool_side *p, const char *model, int backend, int dtype, int max_tokens, g4_err *err)
+{
+	int			g,
+				rc;
+
+	memset(p, 0, sizeof(*p));
+	rc = backend == G4_BACKEND_CUDA ? g4_backend_cuda_create(0, &p->be, err) : g4_backend_cpu_create(0, &p->be, err);
+	if (rc != G4_OK)
+		return rc;
+	rc = drv_open(&p->d, model, p->be, dtype, (size_t) 4 << 20, 1, 256, max_tokens, err);
+	if (rc != G4_OK)
+		return rc;
+	for (g = 0; g < G4_KVG_COUNT; g++)
+	{
+		p->bytes[g] = (size_t) p->d.kv.n_blocks[g] * p->d.kv.block_bytes[g];
+		p->img[g] = malloc(p->bytes[g] ? p->bytes[g] : 1);
+		if (!p->img[g])
+			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	}
+	p->logits = malloc((size_t) p->d.m->cfg.vocab_size * sizeof(float));
+	return p->logits ? G4_OK : g4_fail(err, G4_ERR_NOMEM, "out of memory");
+}
+
+static void
+pool_side_close(pool_side *p)
+{
+	int			g;
+
+	if (p->d.m)
+		drv_close(&p->d);
+	if (p->be)
+		p->be->ops->destroy(p->be);
+	for (g = 0; g < G4_KVG_COUNT; g++)
+		free(p->img[g]);
+	free(p->logits);
+}
+
+/* The pool's bytes to the host (copy 0) or the host's to the pool (1). */
+static int
+pool_side_copy(pool_side *p, int to_pool, g4_err *err)
+{
+	g4_backend *be = p->be;
+	int			g;
+
+	for (g = 0; g < G4_KVG_COUNT; g++)
+		if (p->bytes[g] &&
+			(to_pool ? be->ops->upload(be, p->d.kv.desc.base[g], p->img[g], p->bytes[g])
+			 : be->ops->download(be, p->img[g], p->d.kv.desc.base[g], p->bytes[g])) != G4_OK)
+			break;
+	return be->ops->sync(be, err);
+}
+
+/*
+ * The quantised pools state for state, along each golden case: its prompt
+ * in one step, then the 63 tokens transformers continues it with, one a
+ * step, fed to both backends alike.  After every step:
+ *  - the pools are compared layer by layer in the model's order.  The
+ *    first layer whose stored K/V differ computed them from inputs that
+ *    agree within float32 noise (every layer before it holds the same
+ *    codes on both sides, and a layer's K/V do not depend on its own
+ *    pool), so each of its elements must be the same code or its
+ *    neighbour, each scale the same or one f16 step away: the rounding
+ *    flips such inputs may take (kv_pool_diff.h).  A wrong encoding,
+ *    placement or block moves codes further.  The layers after it read
+ *    the flip within the same step and may differ more: counted only;
+ *  - where the step left the two pools identical, both read the same codes,
+ *    so the logits must agree within the f32 pool's bound: float32 in
+ *    another order, twice the largest of the cases' transformers float32
+ *    errors tripled (ERR_FACTOR, ERR_FLOOR);
+ *  - otherwise the GPU's pool is made the CPU's, so that the next step
+ *    starts from the same state on both: a flip perturbs only its own
+ *    step, whose logit difference is printed.
+ * At least one step of each case must leave the pools identical, so that
+ * the logits are checked.
+ */
+G4_TEST(gpu_model_quantised_pools_match_cpu_state_for_state)
+{
+	static const char *const dn[] = {"f32", "bf16", "turboquant_k8v4"};
+	g4_err		err;
+	int			dtype,
+				k;
+	double		bound = 0.0;
+
+	NEED_GPU_FIXTURE();
+	for (k = 0; k < N_CASES; k++)
+		bound = fmax(bound, 2.0 * (ERR_FACTOR * g4j_get_num(h_golden_case(&G, case_names[k]), "fp32_vs_fp64", 0.0) +
+								   ERR_FLOOR));
+	for (dtype = G4_KV_BF16; dtype <= G4_KV_TURBOQUANT_K8V4; dtype++)
+		for (k = 0; k < N_CASES; k++)
+		{
+			const g4j  *c = h_golden_case(&G, case_names[k]);
+			int			n_ids,
+						n_cont,
+						step,
+						g,
+						same_steps = 0,
+						flip_steps = 0,
+						first_layer,
+						n_layers;
+			int32_t    *ids = h_ints(g4j_get(c, "ids"), &n_ids),
+					   *cont = h_ints(g4j_get(c, "greedy"), &n_cont);
+			pool_side	cpu,
+						gpu;
+			g4_kv_layer *layers;
+			long		flips = 0,
+						scale_flips = 0;
+			double		worst_same = 0.0,
+						worst_flip = 0.0;
+			drv_item	it;
+			char		label[96];
+
+			CHECK_MSG(ids && cont && n_ids > 0 && n_cont == 64, "%s: golden ids", case_names[k]);
+			CHECK_OK(pool_side_open(&cpu, model, G4_BACKEND_CPU, dtype, n_ids, &err), &err);
+			CHECK_OK(pool_side_open(&gpu, model, G4_BACKEND_CUDA, dtype, n_ids, &err), &err);
+			n_layers = cpu.d.m->cfg.n_layers;
+			layers = malloc((size_t) n_layers * sizeof(g4_kv_layer));
+			CHECK(layers);
+			for (g = 0; g < n_layers; g++)
+				layers[g] = cpu.d.m->layers[g].kv;
+			for (g = 0; g < G4_KVG_COUNT; g++)
+				CHECK_MSG(cpu.bytes[g] == gpu.bytes[g], "%s pools of different sizes", dn[dtype]);
+
+			it.slot = 0;
+			it.start = 0;
+			it.count = n_ids;
+			it.logits = 1;
+			for (step = 0; step < n_cont; step++)
+			{
+				const int32_t *tok = step == 0 ? ids : &cont[step - 1];
+				h_kv_diff	d;
+				double		dl;
+
+				CHECK_OK(drv_step(&cpu.d, 1, &it, tok, &err), &err);
+				CHECK_OK(drv_step(&gpu.d, 1, &it, tok, &err), &err);
+				CHECK_OK(drv_logits(&cpu.d, cpu.logits, &err), &err);
+				CHECK_OK(drv_logits(&gpu.d, gpu.logits, &err), &err);
+				CHECK_OK(pool_side_copy(&cpu, 0, &err), &err);
+				CHECK_OK(pool_side_copy(&gpu, 0, &err), &err);
+				for (g = 0; g < G4_KVG_COUNT; g++)
+					CHECK_MSG(memcmp(cpu.d.kv.tables[g], gpu.d.kv.tables[g],
+									 (size_t) cpu.d.kv.max_blocks_per_seq * sizeof(int32_t)) == 0,
+							  "%s %s step %d: the block tables differ", dn[dtype], case_names[k], step);
+				/* layer by layer in the model's order (see above) */
+				memset(&d, 0, sizeof(d));
+				first_layer = -1;
+				for (g = 0; g < n_layers; g++)
+				{
+					h_kv_diff	dl1;
+
+					CHECK_INT(h_kv_pool_diff(&cpu.d.kv.desc, &layers[g], 1, (const uint8_t *const *) cpu.img,
+											 (const uint8_t *const *) gpu.img, &dl1), 0);
+					if (dl1.entries_differ > 0 && first_layer < 0)
+					{
+						first_layer = g;
+						CHECK_MSG(dl1.far == 0, "%s %s step %d: layer %d, the first whose stored K/V differ, holds "
+								  "%ld elements further apart than a rounding flip; the first: %s", dn[dtype],
+								  case_names[k], step, g, dl1.far, dl1.first_far);
+					}
+					d.entries += dl1.entries;
+					d.entries_differ += dl1.entries_differ;
+					d.codes_flipped += dl1.codes_flipped;
+					d.scales_flipped += dl1.scales_flipped;
+					d.far += dl1.far;
+				}
+				dl = h_max_abs_diff(gpu.logits, cpu.logits, cpu.d.m->cfg.vocab_size, NULL);
+				if (first_layer < 0)
+				{
+					same_steps++;
+					worst_same = fmax(worst_same, dl);
+					CHECK_MSG(dl <= bound, "%s %s step %d: the pools are identical, yet the logits differ by %.3g "
+							  "(bound %.3g)", dn[dtype], case_names[k], step, dl, bound);
+				}
+				else
+				{
+					flip_steps++;
+					flips += d.codes_flipped;
+					scale_flips += d.scales_flipped;
+					worst_flip = fmax(worst_flip, dl);
+					printf("FIGURE %-18s | %s %s step %d: from layer %d, %ld of %ld entries differ (%ld codes and "
+						   "%ld scales one step apart, %ld elements further in later layers); logits max|gpu-cpu| "
+						   "%.3e\n", "pool flips", dn[dtype], case_names[k], step, first_layer, d.entries_differ,
+						   d.entries, d.codes_flipped, d.scales_flipped, d.far, dl);
+					for (g = 0; g < G4_KVG_COUNT; g++)
+						memcpy(gpu.img[g], cpu.img[g], cpu.bytes[g]);
+					CHECK_OK(pool_side_copy(&gpu, 1, &err), &err);
+				}
+				it.start += it.count;
+				it.count = 1;
+			}
+			snprintf(label, sizeof(label), "%s %s, %d steps (%d with flips)", dn[dtype], case_names[k], n_cont,
+					 flip_steps);
+			printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", "pool state parity", label, worst_same, bound,
+				   same_steps > 0 && worst_same <= bound ? "ok" : "FAIL");
+			if (flip_steps)
+				printf("FIGURE %-18s | %s %s: %ld codes and %ld scales flipped over %d steps; logits max|gpu-cpu| "
+					   "on those steps %.3e\n", "pool flips", dn[dtype], case_names[k], flips, scale_flips,
+					   flip_steps, worst_flip);
+			CHECK_MSG(same_steps > 0, "%s %s: no step left the pools identical", dn[dtype], case_names[k]);
+			free(layers);
+			free(ids);
+			free(cont);
+			pool_side_close(&gpu);
+			pool_side_close(&cpu);
+		}
 	h_golden_free(&G);
 }
 
