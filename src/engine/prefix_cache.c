@@ -300,7 +300,13 @@ g4_prefix_attach(g4_engine *e, g4_seq *s, g4_prefix_hit *hit)
 	if (rc == G4_OK && has_sliding)
 		rc = attach_range(e, s, G4_KVG_SLIDING, window_first_block(W, h * BT), h);
 	if (rc != G4_OK)
+	{
+		/* leave nothing attached: the caller releases only hit->tokens,
+		 * and a stale entry would have the slot's next sequence write
+		 * into blocks cached under this prompt's keys */
+		g4_kvpool_release(p, s->slot, h * BT);
 		return rc;
+	}
 	hit->tokens = h * BT;
 	hit->hits[G4_KVG_FULL] = has_full ? h : 0;
 	hit->hits[G4_KVG_SLIDING] = has_sliding ? h - window_first_block(W, h * BT) : 0;

@@ -23,7 +23,8 @@ void		g4_prefix_key_init(uint64_t key[2]);
 
 /* At admission of s into its slot: put the longest usable cached prefix
  * into the slot's tables (taking references).  hit->tokens is where
- * prefill starts.  Fails only on memory or device errors. */
+ * prefill starts.  Fails only on memory or device errors, and then leaves
+ * nothing attached. */
 int			g4_prefix_attach(g4_engine *e, g4_seq *s, g4_prefix_hit *hit);
 
 /* True when an admitted sequence is computing, but has not finished, the

@@ -4,10 +4,14 @@
  *
  * Policy (one step, a budget of max_num_batched_tokens tokens):
  *  1. every admitted sequence that is decoding gets its one token;
- *  2. admitted sequences still prefilling get chunks of their prompt, oldest
+ *  2. then the decodes' drafts (speculative.c), oldest first, from the
+ *     budget and free blocks left;
+ *  3. admitted sequences still prefilling get chunks of their prompt, oldest
  *     first, never splitting an image's block of soft tokens (its tokens
- *     attend to each other, so they must be in the pool together);
- *  3. waiting sequences are admitted in arrival order while a slot, budget
+ *     attend to each other, so they must be in the pool together).  While
+ *     such a block does not fit the budget the decodes leave, the step
+ *     drafts nothing and admits no one (prefill_blocked);
+ *  4. waiting sequences are admitted in arrival order while a slot, budget
  *     and KV blocks are available; the first that does not fit stops
  *     admission, so nobody starves.  A sequence whose prompt starts with
  *     cached blocks (prefix_cache.c) is admitted with them already computed
@@ -165,86 +169,156 @@ cmp_admit(const void *a, const void *b)
 	return x->admit_order < y->admit_order ? -1 : (x->admit_order > y->admit_order);
 }
 
+/*
+ * Whether an admitted prompt's next block of soft tokens does not fit the
+ * budget left after the decodes.  The step then drafts nothing and admits
+ * no one, so that the budget grows as decodes end: otherwise the decodes
+ * of later arrivals could keep it short of the block for ever.
+ */
+static int
+prefill_blocked(g4_seq *const *running, int n_running, int budget)
+{
+	int			i;
+
+	for (i = 0; i < n_running && budget > 0; i++)
+	{
+		const g4_seq *s = running[i];
+		int			remaining = s->n_tok - s->n_computed;
+
+		if (s->slot >= 0 && remaining > 1 && chunk_size(s, s->n_computed, G4_MIN(remaining, budget)) <= 0)
+			return 1;
+	}
+	return 0;
+}
+
+/* Verify up to `want` of a scheduled decode's drafts in its item, from the
+ * free blocks left (never another sequence's: a draft is a guess); *taken:
+ * the drafts granted. */
+static int
+grant_drafts(g4_engine *e, g4_schedule *sc, g4_seq *s, int item, int want, int *taken)
+{
+	g4_sched_item *it = &sc->items[item];
+	int			rc;
+
+	*taken = 0;
+	if (want <= 0)
+		return G4_OK;
+	rc = g4_kvpool_ensure(&e->kv, s->slot, it->start, it->start + 1 + want);
+	if (rc != G4_OK)
+		return rc == G4_ERR_BUSY ? G4_OK : rc;
+	s->n_draft = want;
+	it->count += want;
+	it->n_draft = want;
+	sc->n_tokens += want;
+	sc->n_logits += want;
+	*taken = want;
+	return G4_OK;
+}
+
 int
 g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_err *err)
 {
 	int			budget = e->max_batched;
 	g4_seq	  **running;
+	int		   *proposed,
+			   *item_of;
 	int			n_running = 0;
+	int			blocked = 0;
 	int			i;
 	int			pass;
+	int			rc = G4_OK;
 
 	sc->n_items = 0;
 	sc->n_tokens = 0;
 	sc->n_logits = 0;
 	running = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(g4_seq *));
-	if (!running)
-		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	proposed = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(int));
+	item_of = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(int));
+	if (!running || !proposed || !item_of)
+	{
+		rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		goto done;
+	}
 	for (i = 0; i < e->n_seqs; i++)
+	{
 		if (e->seqs[i]->slot >= 0)
 			running[n_running++] = e->seqs[i];
+		proposed[i] = 0;
+		item_of[i] = -1;
+	}
 	qsort(running, (size_t) n_running, sizeof(g4_seq *), cmp_admit);
 
-	/* pass 0: decodes, pass 1: prefill chunks, oldest first */
-	for (pass = 0; pass < 2; pass++)
+	/* pass 0: each decode's token; 1: the decodes' drafts, verified in the
+	 * same step; 2: prefill chunks.  Oldest first in each, so that every
+	 * decode has its token before any sequence's drafts. */
+	for (pass = 0; pass < 3; pass++)
+	{
+		if (pass == 1)
+			blocked = prefill_blocked(running, n_running, budget);
 		for (i = 0; i < n_running && budget > 0; i++)
 		{
 			g4_seq	   *s = running[i];
 			int			remaining = s->n_tok - s->n_computed;
 			int			count;
-			int			rc;
 
-			if (s->slot < 0 || remaining <= 0 || (pass == 0) != (remaining == 1))
+			if (s->slot < 0 || remaining <= 0 || (pass < 2) != (remaining == 1))
 				continue;		/* preempted meanwhile, or not this pass */
-			/* a decode verifies its drafts in the same step, budget allowing */
-			s->n_draft = pass == 0 ? G4_MIN(s->n_draft, budget - 1) : 0;
-			remaining += s->n_draft;
-			count = chunk_size(s, s->n_computed, G4_MIN(remaining, budget));
+			if (pass == 1)
+			{
+				int			taken = 0;
+
+				if (item_of[i] >= 0 && !blocked)
+					rc = grant_drafts(e, sc, s, item_of[i], G4_MIN(proposed[i], budget), &taken);
+				if (rc != G4_OK)
+				{
+					g4_fail(err, rc, "cannot allocate KV blocks");
+					goto done;
+				}
+				budget -= taken;
+				continue;
+			}
+			if (pass == 0)
+			{
+				/* the drafts wait for pass 1 */
+				proposed[i] = s->n_draft;
+				s->n_draft = 0;
+			}
+			count = pass == 0 ? 1 : chunk_size(s, s->n_computed, G4_MIN(remaining, budget));
 			if (count <= 0)
 				continue;
-			/* drafts take free blocks only, never another sequence's:
-			 * without them, a plain decode */
-			rc = G4_ERR_BUSY;
-			if (s->n_draft > 0 &&
-				(rc = g4_kvpool_ensure(&e->kv, s->slot, s->n_computed, s->n_computed + count)) == G4_ERR_BUSY)
-			{
-				s->n_draft = 0;
-				count = 1;
-			}
-			if (rc == G4_ERR_BUSY)
-				rc = reserve(e, sc, s, s->n_computed, s->n_computed + count);
+			rc = reserve(e, sc, s, s->n_computed, s->n_computed + count);
 			if (rc == G4_ERR_BUSY)
 			{
 				/* nothing younger to evict: this one waits its turn again */
 				preempt(e, s);
+				rc = G4_OK;
 				continue;
 			}
 			if (rc != G4_OK)
 			{
-				free(running);
-				return g4_fail(err, rc, "cannot allocate KV blocks");
+				g4_fail(err, rc, "cannot allocate KV blocks");
+				goto done;
 			}
 			if (add_item(sc, s, s->n_computed, count, s->n_computed + count >= s->n_tok) != G4_OK)
 			{
-				free(running);
-				return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+				rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
+				goto done;
 			}
-			sc->items[sc->n_items - 1].n_draft = s->n_draft;
-			sc->n_logits += s->n_draft;
+			if (pass == 0)
+				item_of[i] = sc->n_items - 1;
 			s->state = pass == 0 ? G4_SEQ_DECODE : G4_SEQ_PREFILL;
 			budget -= count;
 		}
-	free(running);
+	}
 
 	/* admission, in arrival order */
-	for (i = 0; i < e->n_seqs && budget > 0; i++)
+	for (i = 0; i < e->n_seqs && budget > 0 && !blocked; i++)
 	{
 		g4_seq	   *s = e->seqs[i];
 		g4_prefix_hit hit;
 		int			slot;
 		int			start;
 		int			count;
-		int			rc;
 
 		if (s->slot >= 0 || scheduled(sc, s))
 			continue;
@@ -260,7 +334,7 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 		s->slot = slot;
 		/* prefix caching: the cached part of the prompt is not prefilled */
 		rc = g4_prefix_attach(e, s, &hit);
-		start = hit.tokens;
+		start = rc == G4_OK ? hit.tokens : 0;
 		count = rc == G4_OK ? chunk_size(s, start, G4_MIN(s->n_tok - start, budget)) : 0;
 		if (rc == G4_OK && count > 0)
 			rc = g4_kvpool_ensure(&e->kv, slot, start, start + count);
@@ -269,8 +343,12 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 			g4_kvpool_release(&e->kv, slot, start + G4_MAX(count, 0));
 			s->slot = -1;
 			if (rc == G4_OK || rc == G4_ERR_BUSY)
+			{
+				rc = G4_OK;
 				break;
-			return g4_fail(err, rc, "cannot allocate KV blocks");
+			}
+			g4_fail(err, rc, "cannot allocate KV blocks");
+			goto done;
 		}
 		g4_prefix_account(e, s, &hit);
 		e->slot_used[slot] = 1;
@@ -278,12 +356,19 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 		s->n_computed = start;
 		s->state = G4_SEQ_PREFILL;
 		if (add_item(sc, s, start, count, start + count == s->n_tok) != G4_OK)
-			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		{
+			rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
+			goto done;
+		}
 		budget -= count;
 	}
+done:
+	free(running);
+	free(proposed);
+	free(item_of);
 	(void) fn;
 	(void) ctx;
-	return G4_OK;
+	return rc;
 }
 
 static int

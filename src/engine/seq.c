@@ -289,11 +289,12 @@ g4_seq_prepare(const g4_engine *e, const g4_request *req, const volatile int *ca
 		return NULL;
 	}
 	s->max_tokens = req->max_tokens > 0 ? req->max_tokens : window - s->n_prompt;
-	if (s->n_prompt + s->max_tokens > window)
+	/* compared as a difference: the sum may pass INT_MAX */
+	if (s->max_tokens > window - s->n_prompt)
 	{
 		g4_fail(err, G4_ERR_TOO_LONG,
-				"the context window (max_model_len) is %d tokens, but %d were requested (%d in the prompt, %d to generate)",
-				window, s->n_prompt + s->max_tokens, s->n_prompt, s->max_tokens);
+				"the context window (max_model_len) is %d tokens, but %lld were requested (%d in the prompt, %d to "
+				"generate)", window, (long long) s->n_prompt + s->max_tokens, s->n_prompt, s->max_tokens);
 		g4_seq_free(s);
 		return NULL;
 	}

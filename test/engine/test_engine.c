@@ -3,6 +3,7 @@
  * validation errors, cancellation, admission limits, KV accounting, the
  * sampler's options, stop strings and text streaming.
  */
+#include <limits.h>
 #include <math.h>
 
 #include "harness.h"
@@ -59,6 +60,12 @@ G4_TEST(engine_rejects_bad_requests)
 	h_token_request(&req, prompt_ids, 11, 60);
 	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_TOO_LONG);
 	CHECK(strstr(err.msg, "context window"));
+
+	/* prompt + max_tokens past INT_MAX: refused, not wrapped into a
+	 * length the window and the pool seem to hold */
+	h_token_request(&req, prompt_ids, 11, INT_MAX - 5);
+	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_TOO_LONG);
+	CHECK(strstr(err.msg, "context window") && strstr(err.msg, "2147483653"));
 
 	h_token_request(&req, bad, 2, 4);
 	CHECK_INT(g4_submit(e, &req, &id, &err), G4_ERR_INVALID);
@@ -286,6 +293,92 @@ G4_TEST(engine_decode_first_bounds_latency)
 	CHECK_INT(kv_used(e), 0);
 	for (i = 0; i < 3; i++)
 		h_result_free(&res[i]);
+	g4_close(e);
+}
+
+/*
+ * A block of soft tokens as large as the step budget, behind a prompt that
+ * decodes: the block cannot share a step with any decode, so while it
+ * waits nobody new is admitted (else later arrivals' decodes could keep
+ * the budget short of it for ever); it runs once the decodes admitted
+ * before it end.  New short requests keep arriving all along.
+ */
+G4_TEST(engine_image_block_waits_for_the_budget_not_for_ever)
+{
+	enum
+	{
+		BUDGET = 16, N_IDS = 24, MAX_REQ = 48
+	};
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	h_result	res[MAX_REQ];
+	h_run		run = {res, 0};
+	int32_t		ids[N_IDS],
+				mm[N_IDS],
+				pos[BUDGET];
+	float	   *rows;
+	int			H,
+				i,
+				step;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	o.max_num_seqs = 4;
+	o.max_num_batched_tokens = BUDGET;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	H = e->model->cfg.hidden_size;
+	memset(res, 0, sizeof(res));
+	h_attach(e, &run);
+	/* A decodes 30 tokens */
+	h_token_request(&req, prompt_ids, 11, 30);
+	run.n = 1;
+	CHECK_OK(g4_submit(e, &req, &res[0].id, &err), &err);
+	CHECK(g4_step(e, h_on_event, &run, &err) >= 0);
+	/* B: 3 text tokens, a block of BUDGET soft tokens, 5 text tokens */
+	for (i = 0; i < N_IDS; i++)
+	{
+		int			soft = i >= 3 && i < 3 + BUDGET;
+
+		ids[i] = i == 0 ? 2 : soft ? prompt_ids[1] : prompt_ids[1 + i % 10];
+		mm[i] = soft ? 0 : -1;
+		if (soft)
+			pos[i - 3] = i;
+	}
+	rows = calloc((size_t) BUDGET * (size_t) H, sizeof(float));
+	CHECK(rows);
+	for (i = 0; i < BUDGET * H; i++)
+		rows[i] = 0.01f * (float) (i % 7);
+	h_token_request(&req, ids, N_IDS, 4);
+	run.n = 2;
+	CHECK_OK(g4_submit_embeds(e, &req, BUDGET, pos, rows, mm, &res[1].id, &err), &err);
+	for (step = 0; step < 200 && !res[1].finished && !res[1].failed; step++)
+	{
+		int			k,
+					live = 0;
+
+		/* a new short request whenever fewer than two others are live */
+		for (k = 0; k < run.n; k++)
+			live += k != 1 && !res[k].finished && !res[k].failed;
+		if (live < 2 && run.n < MAX_REQ)
+		{
+			h_token_request(&req, prompt_ids, 11, 30);
+			CHECK_OK(g4_submit(e, &req, &res[run.n].id, &err), &err);
+			run.n++;
+		}
+		CHECK(g4_step(e, h_on_event, &run, &err) >= 0);
+	}
+	printf("    figure: the block's prompt finished after %d steps, %d other requests submitted\n", step,
+		   run.n - 1);
+	/* A's 30 tokens, then B's block and its 4 tokens */
+	CHECK_MSG(res[1].finished && !res[1].failed, "the prompt with the block did not finish in %d steps", step);
+	CHECK(step <= 30 + 8);
+	CHECK_OK(h_drain(e, &run, 2000, &err), &err);
+	CHECK_INT(kv_used(e), 0);
+	for (i = 0; i < run.n; i++)
+		h_result_free(&res[i]);
+	free(rows);
 	g4_close(e);
 }
 

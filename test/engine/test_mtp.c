@@ -1293,6 +1293,64 @@ G4_TEST(mtp_controls)
 				"not an MTP assistant", NULL);
 }
 
+/* Five sequences decoding with drafts accepted in full (k = 4) where the
+ * step budget (16) holds 5 tokens plus 11 drafts: every sequence has its
+ * token in every step, and only the budget the decodes leave goes to
+ * drafts, oldest first. */
+G4_TEST(mtp_every_decode_has_its_token_before_any_drafts)
+{
+	enum
+	{
+		N_SEQ = 5, STEPS = 12
+	};
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	int32_t		ids[3] = {2, 696, 5157};
+	g4_request	req;
+	h_result	r[N_SEQ];
+	h_run		run = {r, N_SEQ};
+	int			k,
+				step;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	h_options(&o, model);
+	o.draft_model_path = assistant;
+	o.num_speculative_tokens = 4;
+	o.bench_force_accept = 4;
+	o.max_num_seqs = N_SEQ;
+	o.max_num_batched_tokens = 16;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	memset(r, 0, sizeof(r));
+	h_attach(e, &run);
+	h_token_request(&req, ids, 3, 200);
+	for (k = 0; k < N_SEQ; k++)
+		CHECK_OK(g4_submit(e, &req, &r[k].id, &err), &err);
+	/* the first step prefills all five (15 tokens) and samples a token of
+	 * each; then each step decodes every one */
+	for (step = 1; step <= STEPS; step++)
+	{
+		CHECK(g4_step(e, h_on_event, &run, &err) >= 0);
+		for (k = 0; k < N_SEQ; k++)
+			CHECK_MSG(r[k].n_tokens >= step, "step %d: sequence %d has %d tokens", step, k, r[k].n_tokens);
+	}
+	printf("    figure: tokens after %d steps:", STEPS);
+	for (k = 0; k < N_SEQ; k++)
+		printf(" %d", r[k].n_tokens);
+	printf("\n");
+	/* 11 drafts a step went to the oldest: more tokens than the youngest */
+	CHECK(r[0].n_tokens > r[N_SEQ - 1].n_tokens);
+	for (k = 0; k < N_SEQ; k++)
+		h_result_free(&r[k]);
+	g4_close(e);
+}
+
 /* Preemption with drafting: a pool too small for the five sequences at
  * once (16 full blocks of 16 tokens; together they need 36), all submitted
  * together, with oracle drafts so long runs are accepted; the outputs stay
