@@ -293,6 +293,16 @@ GRANT SELECT ON gemma_stats TO pg_monitor;
 GRANT SELECT ON gemma_kv_pool TO pg_monitor;
 GRANT SELECT ON gemma_requests TO pg_monitor;
 
+/* The role whose members may use the model (see "Who may use the model"
+ * below); made before the job tables, whose grants name it. */
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'gemma_user') THEN
+		CREATE ROLE gemma_user NOLOGIN;
+	END IF;
+END $$;
+COMMENT ON ROLE gemma_user IS 'may call the gemma4 generation and tokenizer functions';
+
 /* ---- table jobs ----------------------------------------------------------
  *
  * A job fills a target column of a table from a prompt expression over the
@@ -361,7 +371,9 @@ CREATE POLICY gemma_job_queue_members ON gemma_job_queue
 	USING (job_id IN (SELECT id FROM gemma_job));
 CREATE POLICY gemma_job_errors_members ON gemma_job_errors
 	USING (job_id IN (SELECT id FROM gemma_job));
-GRANT SELECT, INSERT, DELETE ON gemma_job TO PUBLIC;
+-- creating a job is using the model: members of gemma_user only
+GRANT SELECT, DELETE ON gemma_job TO PUBLIC;
+GRANT INSERT ON gemma_job TO gemma_user;
 GRANT UPDATE (state, finished_at, rows_done, rows_failed, tokens_in, tokens_out, last_error)
 	ON gemma_job TO PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON gemma_job_queue TO PUBLIC;
@@ -410,6 +422,8 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION gemma_job_enqueue() FROM PUBLIC;
+-- CREATE TRIGGER (follow => true) needs EXECUTE on it; firing does not
+GRANT EXECUTE ON FUNCTION gemma_job_enqueue() TO gemma_user;
 
 /*
  * No SET search_path: the job's expressions are checked, and later run by its
@@ -638,18 +652,14 @@ GRANT SELECT ON gemma_jobs TO PUBLIC;
  * it is executable by PUBLIC.  Members of the role gemma_user may call the
  * generation and tokenizer functions:
  *   GRANT gemma_user TO app_role;
- * The role is cluster-wide and made here when it does not exist yet (it
- * outlives DROP EXTENSION, like any role).  Limits per role:
+ * The role is cluster-wide and made above, with the job tables, when it
+ * does not exist yet (it outlives DROP EXTENSION, like any role).  Creating
+ * a table job is using the model too: INSERT on gemma_job and the job
+ * functions are the members' only, and a job's workers refuse a job whose
+ * owner is no longer a member.  Limits per role:
  * gemma4.max_requests_per_role, gemma4.max_tokens_limit,
  * gemma4.max_prompt_bytes (see the README, "Security").
  */
-DO $$
-BEGIN
-	IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'gemma_user') THEN
-		CREATE ROLE gemma_user NOLOGIN;
-	END IF;
-END $$;
-COMMENT ON ROLE gemma_user IS 'may call the gemma4 generation and tokenizer functions';
 
 DO $$
 DECLARE
@@ -662,7 +672,7 @@ BEGIN
 			 WHERE p.proname IN ('gemma_generate', 'gemma_complete', 'gemma_generate_stream',
 								 'gemma_complete_stream', 'gemma_generate_batch', 'gemma_complete_batch',
 								 'gemma_chat', 'gemma_tokenize', 'gemma_detokenize', 'gemma_wait_ready',
-								 'gemma_job_create')
+								 'gemma_job_create', 'gemma_job_check_options', 'gemma_job_launch')
 	LOOP
 		EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
 		EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO gemma_user', f);

@@ -67,12 +67,15 @@ typedef struct PendingLaunch
 	int64		job;
 	Oid			owner;
 	int			workers;
+	SubTransactionId subid;		/* the subtransaction that asked */
 } PendingLaunch;
 
 static List *pending_launches = NIL;	/* in TopMemoryContext */
 static bool xact_callback_registered = false;
 
 static void launch_at_commit(XactEvent event, void *arg);
+static void forget_aborted_launches(SubXactEvent event, SubTransactionId mySubid, SubTransactionId parentSubid,
+									void *arg);
 static void register_job_workers(int64 job, Oid database, Oid owner, int workers);
 
 char *
@@ -162,6 +165,7 @@ gemma_job_launch(PG_FUNCTION_ARGS)
 	if (!xact_callback_registered)
 	{
 		RegisterXactCallback(launch_at_commit, NULL);
+		RegisterSubXactCallback(forget_aborted_launches, NULL);
 		xact_callback_registered = true;
 	}
 	old = MemoryContextSwitchTo(TopMemoryContext);
@@ -169,17 +173,26 @@ gemma_job_launch(PG_FUNCTION_ARGS)
 	p->job = job;
 	p->owner = owner;
 	p->workers = workers;
+	p->subid = GetCurrentSubTransactionId();
 	pending_launches = lappend(pending_launches, p);
 	MemoryContextSwitchTo(old);
 	PG_RETURN_VOID();
 }
 
-/* Start the workers of the jobs of a committed transaction. */
+/*
+ * Start the workers of the jobs of a committed transaction.  A prepared
+ * transaction is refused: its commit may come from another session, or
+ * none, and nothing would start the workers then.
+ */
 static void
 launch_at_commit(XactEvent event, void *arg)
 {
 	ListCell   *lc;
 
+	if (event == XACT_EVENT_PRE_PREPARE && pending_launches != NIL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("cannot PREPARE a transaction that created or resumed a gemma job")));
 	if (event != XACT_EVENT_COMMIT && event != XACT_EVENT_ABORT)
 		return;
 	if (event == XACT_EVENT_COMMIT)
@@ -193,6 +206,29 @@ launch_at_commit(XactEvent event, void *arg)
 	}
 	list_free_deep(pending_launches);
 	pending_launches = NIL;
+}
+
+/* A rolled-back subtransaction takes its launches with it; a committed one
+ * hands them to its parent. */
+static void
+forget_aborted_launches(SubXactEvent event, SubTransactionId mySubid, SubTransactionId parentSubid, void *arg)
+{
+	ListCell   *lc;
+
+	foreach(lc, pending_launches)
+	{
+		PendingLaunch *p = lfirst(lc);
+
+		if (p->subid != mySubid)
+			continue;
+		if (event == SUBXACT_EVENT_COMMIT_SUB)
+			p->subid = parentSubid;
+		else if (event == SUBXACT_EVENT_ABORT_SUB)
+		{
+			pending_launches = foreach_delete_current(pending_launches, lc);
+			pfree(p);
+		}
+	}
 }
 
 /*
@@ -341,8 +377,15 @@ gemma4_job_starter_main(Datum arg)
 
 		SPI_connect();
 		PushActiveSnapshot(GetTransactionSnapshot());
+		/* a worker could not even connect as a dropped owner */
+		if (SPI_execute(psprintf("UPDATE %s SET state = 'failed', finished_at = now(), "
+								 "last_error = 'the role that created the job no longer exists' "
+								 "WHERE state = 'running' AND NOT EXISTS "
+								 "(SELECT FROM pg_catalog.pg_roles r WHERE r.oid = owner)",
+								 g4_job_table("gemma_job")), false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "could not fail the gemma jobs of dropped roles");
 		if (SPI_execute(psprintf("SELECT id, owner, workers FROM %s WHERE state = 'running' ORDER BY id",
-								 g4_job_table("gemma_job")), true, 0) != SPI_OK_SELECT)
+								 g4_job_table("gemma_job")), false, 0) != SPI_OK_SELECT)
 			elog(ERROR, "could not list the gemma jobs");
 		for (i = 0; i < SPI_processed; i++)
 		{

@@ -56,6 +56,7 @@
 #include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "tcop/tcopprot.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -307,6 +308,19 @@ load_job(Job *job, Oid owner)
 	{
 		commit_tx();
 		return false;
+	}
+	/* the owner may still use the model: a member of gemma_user (it may
+	 * have left the role since, or the row may predate its grants) */
+	{
+		Oid			users = get_role_oid("gemma_user", true);
+
+		if (!superuser_arg(owner) && !(OidIsValid(users) && has_privs_of_role(owner, users)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("the owner of gemma job " INT64_FORMAT ", %s, may not use the model", job->id,
+							GetUserNameFromId(owner, false)),
+					 errhint("GRANT gemma_user TO %s, then resume the job.",
+							 quote_identifier(GetUserNameFromId(owner, false)))));
 	}
 
 	old = MemoryContextSwitchTo(job->cxt);
@@ -710,6 +724,9 @@ submit_row(JobRow *row)
 
 		MemoryContextSwitchTo(row->cxt);
 		edata = CopyErrorData();
+		/* a cancel is the job's, not the row's: the job fails with it */
+		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED)
+			PG_RE_THROW();
 		FlushErrorState();
 		state = pstrdup(unpack_sql_state(edata->sqlerrcode));
 		fail_row(row, state, edata->message, transient_sqlstate(state));
@@ -977,10 +994,9 @@ release_all(Job *job)
 static bool
 transient_sqlstate(const char *sqlstate)
 {
-	return strcmp(sqlstate, "55000") == 0 ||	/* the engine is not ready */
+	return strcmp(sqlstate, "55000") == 0 ||	/* the engine is not ready, or stopping */
 		strcmp(sqlstate, "58000") == 0 ||	/* the engine died */
-		strcmp(sqlstate, "53000") == 0 ||	/* every request slot is taken */
-		strcmp(sqlstate, "57P01") == 0;	/* the supervisor is stopping */
+		strcmp(sqlstate, "53000") == 0;	/* every request slot is taken */
 }
 
 static Datum

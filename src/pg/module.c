@@ -174,12 +174,13 @@ define_session_gucs(void)
 							PGC_USERSET, 0,
 							check_soft_tokens, NULL, NULL);
 
+	/* superuser-set, as max_prompt_bytes: they protect the shared engine */
 	DefineCustomIntVariable("gemma4.max_image_pixels",
 							"Largest image (width times height, from its header) a call may pass.",
 							"Larger images are refused before they are decoded.",
 							&g4_max_image_pixels,
 							89478485, 1, INT_MAX,
-							PGC_USERSET, 0,
+							PGC_SUSET, 0,
 							NULL, NULL, NULL);
 
 	DefineCustomRealVariable("gemma4.max_audio_seconds",
@@ -187,7 +188,7 @@ define_session_gucs(void)
 							 "Longer clips are refused (from the header when it gives the length).",
 							 &g4_max_audio_seconds,
 							 600.0, 0.04, 86400.0,
-							 PGC_USERSET, 0,
+							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
 }
 

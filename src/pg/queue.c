@@ -569,7 +569,9 @@ g4_sqlstate_for(int code)
 		case G4_ERR_PG_ENGINE_DIED:
 			return ERRCODE_SYSTEM_ERROR;
 		case G4_ERR_PG_SHUTDOWN:
-			return ERRCODE_ADMIN_SHUTDOWN;
+			/* not 57P01: the session goes on, and poolers drop a
+			 * connection that reports admin_shutdown */
+			return ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
 		case G4_ERR_PG_TIMEOUT:
 			return ERRCODE_QUERY_CANCELED;
 	}

@@ -25,6 +25,17 @@ GRANT SELECT, UPDATE ON job_docs TO g4_job_nologin;
 SET ROLE g4_job_nologin;
 SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'summary', 'body')$$);
 RESET ROLE;
+-- creating a job is using the model: a role outside gemma_user may neither
+-- create one nor write its row and launch it by hand
+CREATE ROLE g4_job_outsider LOGIN;
+GRANT SELECT, UPDATE ON job_docs TO g4_job_outsider;
+SET ROLE g4_job_outsider;
+SELECT * FROM g4_try($$SELECT gemma_job_create('job_docs', 'summary', 'body')$$);
+SELECT * FROM g4_try($$INSERT INTO gemma_job (owner, relid, key_column, target_column, prompt)
+                       VALUES ('g4_job_outsider'::regrole, 'job_docs'::regclass, 'id', 'summary', 'body')$$);
+SELECT * FROM g4_try($$SELECT gemma_job_launch(1)$$);
+SELECT * FROM g4_try($$SELECT gemma_job_check_options('{}', NULL)$$);
+RESET ROLE;
 -- jobs that do not exist
 SELECT * FROM g4_try($$SELECT gemma_job_pause(999999)$$);
 SELECT * FROM g4_try($$SELECT gemma_job_resume(999999)$$);
@@ -87,6 +98,39 @@ FROM job_photos ORDER BY id;
 SELECT count(DISTINCT caption) AS distinct_captions FROM job_photos WHERE id IN (1, 2, 4);
 SELECT row_key, sqlstate, message FROM gemma_job_errors WHERE job_id = :job ORDER BY row_key;
 
+-- follow => true by a member that owns its table (CREATE TRIGGER needs
+-- EXECUTE on the trigger function)
+CREATE ROLE g4_job_member LOGIN IN ROLE gemma_user;
+CREATE TABLE job_follow (id int PRIMARY KEY, body text, answer text);
+ALTER TABLE job_follow OWNER TO g4_job_member;
+SET ROLE g4_job_member;
+SELECT gemma_job_create('job_follow', 'answer', 'body', follow => true) AS job \gset
+SELECT state, follow FROM gemma_jobs WHERE job = :job;
+SELECT gemma_job_cancel(:job);
+RESET ROLE;
+-- a job whose owner has left gemma_user: its workers refuse to run it
+CREATE TABLE job_left (id int PRIMARY KEY, body text, answer text);
+INSERT INTO job_left VALUES (1, 'x');
+GRANT SELECT, UPDATE ON job_left TO g4_job_member;
+SET ROLE g4_job_member;
+BEGIN;
+SELECT gemma_job_create('job_left', 'answer', 'body') AS job \gset
+SELECT gemma_job_pause(:job);
+COMMIT;
+RESET ROLE;
+REVOKE gemma_user FROM g4_job_member;
+SELECT gemma_job_resume(:job);
+SELECT g4_wait_job(:job);
+SELECT last_error, rows_done FROM gemma_jobs WHERE job = :job;
+SELECT answer FROM job_left;
+-- a transaction that creates a job cannot be prepared: nothing would start
+-- its workers at COMMIT PREPARED
+BEGIN;
+SELECT gemma_job_create('job_follow', 'answer', 'body') IS NOT NULL AS created;
+PREPARE TRANSACTION 'g4_job';
+SELECT count(*) AS rolled_back FROM gemma_job WHERE relid = 'job_follow'::regclass AND owner = current_user::regrole;
+
 DROP FUNCTION g4_wait_job(bigint);
-DROP TABLE job_docs, job_nokey, job_photos;
-DROP ROLE g4_job_nologin;
+DROP TABLE job_docs, job_nokey, job_photos, job_follow, job_left;
+DELETE FROM gemma_job WHERE owner = 'g4_job_member'::regrole;
+DROP ROLE g4_job_nologin, g4_job_outsider, g4_job_member;

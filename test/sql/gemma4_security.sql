@@ -29,6 +29,9 @@ SELECT * FROM g4_try($$SELECT gemma_chat(jsonb_build_array(jsonb_build_object('r
 CREATE ROLE g4_security_user;
 SET ROLE g4_security_user;
 SELECT * FROM g4_try($$SET gemma4.max_prompt_bytes = '1GB'$$);
+-- so are the media limits that protect the engine process's memory
+SELECT * FROM g4_try($$SET gemma4.max_image_pixels = 2147483647$$);
+SELECT * FROM g4_try($$SET gemma4.max_audio_seconds = 86400$$);
 RESET ROLE;
 DROP ROLE g4_security_user;
 SET gemma4.max_prompt_bytes = 100;
