@@ -351,7 +351,11 @@ g4_request_poll(G4Request *r, char *kind, const char **data, Size *len)
 		}
 		if (res == SHM_MQ_DETACHED)
 		{
-			/* the outcome was written before the supervisor detached */
+			/*
+			 * The outcome was written before the supervisor detached, and
+			 * OK only once every reply was in the queue; still pending
+			 * means it exited without answering.
+			 */
 			pg_read_barrier();
 			r->answered = r->hdr->result == G4_RESULT_OK || r->hdr->result == G4_RESULT_ERROR;
 			if (r->hdr->result == G4_RESULT_OK)

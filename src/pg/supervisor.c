@@ -66,7 +66,8 @@ typedef struct SupRequest
 {
 	bool		active;
 	bool		in_engine;		/* forwarded, and the engine has not ended it */
-	bool		ended;			/* outcome written; release once flushed */
+	bool		ended;			/* outcome known; release once flushed */
+	bool		finished;		/* ended well: OK once every reply is queued */
 	uint64		request_id;
 	dsm_segment *seg;
 	shm_mq_handle *mqh;
@@ -216,15 +217,23 @@ gemma4_supervisor_main(Datum arg)
 		update_socket_events();
 	}
 
-	/* shutting down: every request gets an answer, then the engine stops */
+	/*
+	 * Shutting down: every request gets an answer, then the engine stops.  A
+	 * finished request keeps its answer only if the rest of its replies fit
+	 * in its queue now; one whose reader is behind fails like one still
+	 * running, as a partial answer must not read as a complete one.
+	 */
 	for (i = 0; i < n_requests; i++)
 	{
 		SupRequest *q = &requests[i];
 
-		if (q->active && !q->ended)
-			end_error(q, G4_ERR_PG_SHUTDOWN, "the gemma4 worker is shutting down");
+		if (q->active && q->ended)
+			flush_replies(q);	/* releases it when everything went out */
 		if (q->active)
+		{
+			end_error(q, G4_ERR_PG_SHUTDOWN, "the gemma4 worker is shutting down");
 			release_request(q);
+		}
 	}
 	stop_engine();
 
@@ -982,7 +991,13 @@ reply(SupRequest *q, char kind, const void *data, size_t len)
 	}
 }
 
-/* Retry buffered replies; release the request once its outcome is out. */
+/*
+ * Retry buffered replies; release the request once it has ended and all of
+ * them are in its queue.  Only then is a finished request marked OK: the
+ * backend takes "detached and OK" for a complete answer, so a supervisor
+ * that exits (or fails) with replies still buffered must leave the result
+ * pending (the backend reports the worker exited) or an error.
+ */
 static void
 flush_replies(SupRequest *q)
 {
@@ -1011,19 +1026,30 @@ flush_replies(SupRequest *q)
 	}
 	g4buf_shrink(&q->pending);
 	if (q->ended)
+	{
+		if (q->finished)
+		{
+			q->hdr->result = G4_RESULT_OK;
+			/* the backend reads the result once it sees the queue detached */
+			pg_write_barrier();
+		}
 		release_request(q);
+	}
 }
 
-/* The engine finished the request: record the outcome (released once flushed). */
+/*
+ * The engine finished the request: record its counts; the result becomes OK
+ * in flush_replies, once every reply is in the queue.
+ */
 static void
 end_ok(SupRequest *q, const G4WireFinish *f)
 {
 	q->in_engine = false;
 	q->ended = true;
+	q->finished = true;
 	q->hdr->finish_reason = f->reason;
 	q->hdr->prompt_tokens = f->prompt_tokens;
 	q->hdr->completion_tokens = f->completion_tokens;
-	q->hdr->result = G4_RESULT_OK;
 	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
 	g4_shared->finished++;
 	g4_shared->slots[q - requests].finished = true;
@@ -1031,10 +1057,12 @@ end_ok(SupRequest *q, const G4WireFinish *f)
 }
 
 /*
- * Fail the request; replies not yet delivered are dropped.  Like end_ok,
- * this only records the outcome: the main loop releases ended requests
- * after handling everything the engine sent in one go, so the statistics
- * that came with a finish are published before its backend wakes up.
+ * Fail the request; replies not yet delivered are dropped.  This also
+ * overrides the outcome of a finished request whose replies could not all
+ * be delivered (the supervisor is stopping).  Like end_ok, this only
+ * records the outcome: the main loop releases ended requests after
+ * handling everything the engine sent in one go, so the statistics that
+ * came with a finish are published before its backend wakes up.
  */
 static void
 end_error(SupRequest *q, int code, const char *msg)
@@ -1049,6 +1077,7 @@ end_error(SupRequest *q, int code, const char *msg)
 	strlcpy(q->hdr->error.msg, msg, sizeof(q->hdr->error.msg));
 	q->hdr->result = G4_RESULT_ERROR;
 	q->ended = true;
+	q->finished = false;
 	g4buf_free(&q->pending);
 	bump(&g4_shared->errors);
 }

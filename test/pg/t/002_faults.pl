@@ -6,7 +6,8 @@
 #     comes back and serves the same answers, the KV pool ends empty;
 #   - pg_cancel_backend mid-stream, statement_timeout, a closed cursor;
 #   - 1,000 failing calls leave no KV blocks, slots or DSM mappings behind;
-#   - the supervisor itself terminated: it restarts, nothing else does;
+#   - the supervisor itself terminated: it restarts, nothing else does; a
+#     finished stream still waiting for its reader ends with an error;
 #   - a model that cannot be loaded, no model configured, the library not
 #     preloaded, invalid settings: clear errors at once.
 use strict;
@@ -240,6 +241,37 @@ SELECT current_setting('g4.caught')});
 		$bystander_pid, 'supervisor terminated: an unrelated session keeps its backend');
 	is($node->safe_psql('postgres', "SELECT gemma_generate('Hello world', max_tokens => 24)"),
 		$reference, 'supervisor terminated: it serves again');
+}
+
+# ---- the supervisor terminated while a finished stream waits for its reader ---
+# A cursor read one row at a time: the engine finishes the stream while most
+# of it is still in the supervisor (about 4,000 pieces take some 85 kB in the
+# 64 kB reply queue, the rest waits in the supervisor's buffer).  Terminating
+# the supervisor then must end the stream with an error, never with a
+# shorter answer that reads as complete.
+{
+	my $sup_pid = $node->safe_psql('postgres', 'SELECT worker_pid FROM gemma_stats');
+	$s->query_safe('BEGIN');
+	$s->query_safe("DECLARE c CURSOR FOR SELECT gemma_generate_stream('Hello world', max_tokens => 4000)");
+	$s->query_safe('FETCH 1 FROM c');
+	ok( $node->poll_query_until(
+			'postgres', "SELECT count(*) > 0 FROM gemma_requests WHERE pid = $s_pid AND state = 'finished'"),
+		'slow reader: the engine finished the stream before it was read');
+	kill 'TERM', $sup_pid;
+	# the old supervisor is gone (it let go of every request before that)
+	ok($node->poll_query_until('postgres', "SELECT worker_pid IS DISTINCT FROM $sup_pid FROM gemma_stats"),
+		'slow reader: the supervisor stopped');
+	G4Test::start_query($s, 'FETCH ALL FROM c');
+	my ($out, $err) = G4Test::finish_query($s);
+	like($err, qr/ERROR:  57P01: the gemma4 worker is shutting down/,
+		'slow reader: the rest of the stream ends with an error, not a truncated answer');
+	$s->query_safe('ROLLBACK');
+	ok( $node->poll_query_until(
+			'postgres', "SELECT worker_state = 'ready' AND worker_pid <> $sup_pid FROM gemma_stats"),
+		'slow reader: a new supervisor is ready');
+	is($node->safe_psql('postgres', "SELECT gemma_generate('Hello world', max_tokens => 24)"),
+		$reference, 'slow reader: it serves again');
+	ok(G4Test::wait_idle($node), 'slow reader: the KV pool is empty');
 }
 
 $bystander->query_safe('COMMIT');
