@@ -470,6 +470,8 @@ typedef enum G4PollResult
 } G4PollResult;
 
 extern G4Request *g4_request_start(G4WireRequest *req, const char *items, Size items_len);
+extern G4Request *g4_request_try_start(G4WireRequest *req, const char *items, Size items_len);
+extern int	g4_role_slots_left(void);
 extern G4PollResult g4_request_poll(G4Request *r, char *kind, const char **data, Size *len);
 extern long g4_request_wait_ms(G4Request *r);
 extern void g4_request_raise(G4Request *r) pg_attribute_noreturn();

@@ -643,12 +643,34 @@ media_arg(FunctionCallInfo fcinfo, int argno, int n, Oid type, Datum **elems, bo
 				 errhint("Pass one element per prompt, NULL where a prompt has none.")));
 }
 
+/* Collect a batch's oldest entry not collected yet (NULL for a NULL prompt). */
+static void
+batch_collect(G4Request **reqs, Datum *out, bool *out_null, int *next, int *in_flight)
+{
+	if (reqs[*next])
+	{
+		out[*next] = PointerGetDatum(collect_text(reqs[*next]));
+		(*in_flight)--;
+	}
+	else
+		out_null[*next] = true;
+	(*next)++;
+}
+
 /*
  * Batches: one call, many prompts, all in flight together so the engine runs
  * them in the same forward passes (a table job: SELECT or UPDATE over
  * array_agg of its rows).  Requests are started in order, at most half of
  * gemma4.max_requests at a time so other sessions keep slots, and collected
  * in order.  A NULL prompt gives a NULL answer.
+ *
+ * The batch's own requests count against its role's
+ * gemma4.max_requests_per_role, and they free their slots only as they are
+ * collected: while it has requests in flight, a batch never waits for a
+ * slot (that could be waiting for itself).  When no slot can be taken at
+ * once (its role's limit reached, by the batch or by other sessions of the
+ * role, or every slot taken) it collects its oldest request first; only
+ * with none in flight does it wait in the queue like any request.
  */
 static Datum
 batch_rows(FunctionCallInfo fcinfo, bool chat)
@@ -704,16 +726,7 @@ batch_rows(FunctionCallInfo fcinfo, bool chat)
 	{
 		/* collect in order whenever the window of requests is full */
 		while (next < i && (in_flight >= limit || i == n))
-		{
-			if (reqs[next])
-			{
-				out[next] = PointerGetDatum(collect_text(reqs[next]));
-				in_flight--;
-			}
-			else
-				out_null[next] = true;
-			next++;
-		}
+			batch_collect(reqs, out, out_null, &next, &in_flight);
 		if (i == n)
 			break;
 		if (!nulls[i])
@@ -731,7 +744,16 @@ batch_rows(FunctionCallInfo fcinfo, bool chat)
 			add_text_item(&b, chat ? G4_ITEM_USER : G4_ITEM_PROMPT, TextDatumGetCString(elems[i]));
 			args_from_call(&b, fcinfo, &batch_args);
 			build_finish(&b, window);
-			reqs[i] = g4_request_start(&b.req, b.items.data, b.items.len);
+			while (in_flight > 0 &&
+				   (reqs[i] = g4_request_try_start(&b.req, b.items.data, b.items.len)) == NULL)
+			{
+				int			before = in_flight;
+
+				while (in_flight == before)
+					batch_collect(reqs, out, out_null, &next, &in_flight);
+			}
+			if (reqs[i] == NULL)
+				reqs[i] = g4_request_start(&b.req, b.items.data, b.items.len);
 			in_flight++;
 		}
 	}

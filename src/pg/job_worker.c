@@ -18,8 +18,10 @@
  * row (and its images and audio, when the job has them), and submits the
  * requests through the asynchronous side of queue.c,
  * keeping up to max_in_flight of them running so the engine has a full
- * batch.  Whenever answers arrive it writes them, in one transaction per
- * wakeup and a subtransaction per row:
+ * batch (no more than its role may still start under
+ * gemma4.max_requests_per_role: while some of its requests run it never
+ * waits for a slot, see submit_rows).  Whenever answers arrive it writes
+ * them, in one transaction per wakeup and a subtransaction per row:
  *
  *	- the queue entry is deleted and the target set only where the row's
  *	  prompt and media still are the ones that were answered (and the row
@@ -136,11 +138,12 @@ static bool load_job(Job *job, Oid owner);
 static void run_job(Job *job);
 static char *read_state(Job *job);
 static bool engine_ready(int *window);
-static void claim_rows(Job *job, int window);
+static int	claim_places(Job *job);
+static void claim_rows(Job *job, int window, int places);
 static void build_row(Job *job, JobRow *row, HeapTuple tuple, TupleDesc desc, int window);
 static ArrayType *media_array(Datum value, Oid type);
 static void submit_rows(Job *job);
-static void submit_row(JobRow *row);
+static bool submit_row(JobRow *row, bool others_running);
 static void poll_rows(Job *job);
 static void write_outcomes(Job *job);
 static bool write_row(Job *job, JobRow *row, int64 *counts);
@@ -452,6 +455,7 @@ run_job(Job *job)
 	{
 		TimestampTz now;
 		int			window;
+		int			places;
 		long		wait_ms = JOB_CHECK_MS;
 		int			i;
 
@@ -471,11 +475,12 @@ run_job(Job *job)
 
 		/* claim when a quarter of the requests are free, or none run */
 		if (now >= next_claim && engine_ready(&window) &&
-			(job->in_flight == 0 || job->max_in_flight - job->in_flight >= Max(1, job->max_in_flight / 4)))
+			(job->in_flight == 0 || job->max_in_flight - job->in_flight >= Max(1, job->max_in_flight / 4)) &&
+			(places = claim_places(job)) > 0)
 		{
 			int			before = job->in_flight;
 
-			claim_rows(job, window);
+			claim_rows(job, window, places);
 			submit_rows(job);
 			if (job->in_flight == before)
 			{
@@ -497,6 +502,8 @@ run_job(Job *job)
 		}
 
 		poll_rows(job);
+		/* rows that found no slot: the requests just finished freed some */
+		submit_rows(job);
 		write_outcomes(job);
 
 		for (i = 0; i < job->max_in_flight; i++)
@@ -536,21 +543,47 @@ engine_ready(int *window)
 }
 
 /*
- * Claim rows for the free request places and build their requests, in one
+ * How many rows to claim now: the free request places, but no more than the
+ * worker's role may still start under gemma4.max_requests_per_role (its
+ * running requests count against it, as do other sessions' of the role),
+ * less the rows already claimed that wait for a slot.  One when nothing is
+ * in flight: its request waits in the queue like any other.
+ */
+static int
+claim_places(Job *job)
+{
+	int			places = job->max_in_flight - job->in_flight;
+	int			waiting = 0;
+	int			i;
+
+	if (job->in_flight == 0)
+		return Max(1, Min(places, g4_role_slots_left()));
+	for (i = 0; i < job->max_in_flight; i++)
+	{
+		JobRow	   *row = &job->rows[i];
+
+		if (row->used && !row->finished && !row->request && row->prompt != NULL)
+			waiting++;
+	}
+	return Min(places, g4_role_slots_left() - waiting);
+}
+
+/*
+ * Claim up to places rows and build their requests, in one
  * transaction: the claim commits before any request starts, so a worker
  * that dies leaves claims its successor releases, never half a claim.
  * Rows gone from the table, or no longer matching the condition, leave the
  * queue.
  */
 static void
-claim_rows(Job *job, int window)
+claim_rows(Job *job, int window, int places)
 {
 	Datum		v[3];
 	uint64		n;
 	uint64		i;
 	Datum	   *keys;
 	SPITupleTable *claimed;
-	int			free_places = job->max_in_flight - job->in_flight;
+	int			free_places = Min(places, job->max_in_flight - job->in_flight);
 
 	begin_tx();
 	v[0] = Int64GetDatum(job->id);
@@ -685,37 +718,63 @@ media_array(Datum value, Oid type)
 	return DatumGetArrayTypeP(value);
 }
 
-/* Start the requests of the rows claimed (outside any transaction). */
+/*
+ * Start the requests of the rows claimed and not started yet (outside any
+ * transaction).  While some of its requests run, the worker does not wait
+ * for a slot: those requests free theirs only once polled, which this loop
+ * does, and other sessions' may not free any within gemma4.queue_timeout.
+ * A row that finds no slot at once waits, claimed, for a later round; so
+ * do the rows after it, and after a row that failed to start, so that at
+ * most one waits in the queue per round.
+ */
 static void
 submit_rows(Job *job)
 {
+	int			running = 0;
 	int			i;
 
+	for (i = 0; i < job->max_in_flight; i++)
+		if (job->rows[i].used && !job->rows[i].finished && job->rows[i].request)
+			running++;
 	for (i = 0; i < job->max_in_flight; i++)
 	{
 		JobRow	   *row = &job->rows[i];
 
 		if (row->used && !row->finished && !row->request && row->prompt != NULL)
-			submit_row(row);
+		{
+			if (!submit_row(row, running > 0))
+				break;
+			running++;
+		}
 	}
 }
 
 /*
- * Start one row's request.  No request slot free, or the engine going away,
- * is a transient failure of the row.
+ * Start one row's request; false when it did not start.  With requests of
+ * the worker running, a row that finds no slot at once is left to wait;
+ * with none, its request waits in the queue, and no slot within
+ * gemma4.queue_timeout, or the engine going away, is a transient failure
+ * of the row.
  */
-static void
-submit_row(JobRow *row)
+static bool
+submit_row(JobRow *row, bool others_running)
 {
 	MemoryContext old = MemoryContextSwitchTo(row->cxt);
 
-	initStringInfo(&row->answer);
+	if (row->answer.data == NULL)
+		initStringInfo(&row->answer);
 	PG_TRY();
 	{
-		row->request = g4_request_start(&row->req, row->items.data, row->items.len);
-		/* the request's segment has the items now (media can be large) */
-		pfree(row->items.data);
-		row->items.data = NULL;
+		if (others_running)
+			row->request = g4_request_try_start(&row->req, row->items.data, row->items.len);
+		else
+			row->request = g4_request_start(&row->req, row->items.data, row->items.len);
+		if (row->request)
+		{
+			/* the request's segment has the items now (media can be large) */
+			pfree(row->items.data);
+			row->items.data = NULL;
+		}
 	}
 	PG_CATCH();
 	{
@@ -733,6 +792,7 @@ submit_row(JobRow *row)
 	}
 	PG_END_TRY();
 	MemoryContextSwitchTo(old);
+	return row->request != NULL;
 }
 
 /* Read what arrived for every request; note the ones that ended. */

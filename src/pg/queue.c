@@ -37,7 +37,11 @@
 /* Backends re-check the supervisor this often while waiting (ms). */
 #define G4_LIVENESS_CHECK_MS 1000
 
-static int	g4_claim_slot(Oid role);
+static int	g4_claim_slot(Oid role, bool wait);
+static int	role_cap(void);
+static int	slots_held(Oid role);
+static int	slot_for(Oid role, uint64 ticket);
+static G4Request *request_start(G4WireRequest *wreq, const char *items, Size items_len, bool wait);
 static void g4_request_detached(dsm_segment *seg, Datum arg);
 static void g4_request_context_reset(void *arg);
 static void g4_slot_give_up(int slot, uint64 request_id, bool answered);
@@ -53,6 +57,54 @@ static void g4_raise_request_error(const G4WireError *e, const char *hint) pg_at
  */
 G4Request *
 g4_request_start(G4WireRequest *wreq, const char *items, Size items_len)
+{
+	return request_start(wreq, items, items_len, true);
+}
+
+/*
+ * g4_request_start for a caller that has requests of its own in flight (a
+ * batch, a table job's worker): returns NULL, without waiting, when no slot
+ * can be taken at once (this role holds its gemma4.max_requests_per_role,
+ * every slot is taken, or the free ones go to requests already waiting).
+ * Such a caller must not wait in the queue: the slot it waits for may be
+ * one only its own requests, not read meanwhile, would free.  It reads (or
+ * finishes) one of them and tries again, or waits only once it has none.
+ */
+G4Request *
+g4_request_try_start(G4WireRequest *wreq, const char *items, Size items_len)
+{
+	bool		ready;
+	bool		free_now;
+
+	/* a cheap look first: no segment made and destroyed for nothing */
+	LWLockAcquire(g4_shared->lock, LW_SHARED);
+	ready = g4_shared->state == G4W_READY;
+	free_now = ready && slot_for(GetUserId(), 0) >= 0;
+	LWLockRelease(g4_shared->lock);
+	if (ready && !free_now)
+		return NULL;
+	return request_start(wreq, items, items_len, false);
+}
+
+/*
+ * How many more requests this role may start now as far as
+ * gemma4.max_requests_per_role goes (0 or more).  Only a hint for sizing
+ * a window of requests: other sessions of the role take and free slots at
+ * any time, so g4_request_try_start may still refuse.
+ */
+int
+g4_role_slots_left(void)
+{
+	int			left;
+
+	LWLockAcquire(g4_shared->lock, LW_SHARED);
+	left = role_cap() - slots_held(GetUserId());
+	LWLockRelease(g4_shared->lock);
+	return Max(left, 0);
+}
+
+static G4Request *
+request_start(G4WireRequest *wreq, const char *items, Size items_len, bool wait)
 {
 	shm_toc_estimator est;
 	Size		segsize;
@@ -104,7 +156,13 @@ g4_request_start(G4WireRequest *wreq, const char *items, Size items_len)
 	r->hdr = hdr;
 
 	/* claim a slot, waiting in the queue for one if needed; returns locked */
-	slot = g4_claim_slot(GetUserId());
+	slot = g4_claim_slot(GetUserId(), wait);
+	if (slot < 0)
+	{
+		/* none at once, and the caller does not wait: nothing was published */
+		dsm_detach(seg);
+		return NULL;
+	}
 	r->request_id = pg_atomic_fetch_add_u64(&g4_shared->next_request_id, 1);
 	hdr->slot = slot;
 	hdr->req.request_id = r->request_id;
@@ -247,13 +305,27 @@ no_slot(const char *why, int held)
 					 "gemma4.max_requests_per_role or gemma4.max_queued_requests.")));
 }
 
+/* Free slots (lock held). */
+static int
+slots_free(void)
+{
+	int			n = 0;
+	int			i;
+
+	for (i = 0; i < g4_shared->n_slots; i++)
+		if (g4_shared->slots[i].state == G4_SLOT_FREE)
+			n++;
+	return n;
+}
+
 /*
  * Claim a slot for role, waiting in the queue if needed.  Returns with the
  * lock held exclusively; raises an error when the model is not ready, the
- * queue is full or the wait timed out.
+ * queue is full or the wait timed out.  With wait false, returns -1 (the
+ * lock released) instead of waiting or raising for want of a slot.
  */
 static int
-g4_claim_slot(Oid role)
+g4_claim_slot(Oid role, bool wait)
 {
 	TimestampTz deadline;
 	uint64		ticket;
@@ -264,15 +336,27 @@ g4_claim_slot(Oid role)
 	if (g4_shared->state == G4W_READY && (slot = slot_for(role, 0)) >= 0)
 		return slot;
 	held = slots_held(role);
+	if (!wait && g4_shared->state == G4W_READY)
+	{
+		LWLockRelease(g4_shared->lock);
+		return -1;
+	}
 	if (g4_shared->state != G4W_READY || g4_shared->n_waiting >= Min(g4_max_queued_requests, G4_MAX_WAITING) ||
 		g4_queue_timeout == 0)
 	{
 		bool		ready = g4_shared->state == G4W_READY;
+		bool		queue_full = g4_queue_timeout > 0;
+		int			n_free = slots_free();
 
 		LWLockRelease(g4_shared->lock);
 		if (!ready)
 			g4_require_ready();
-		no_slot(g4_queue_timeout == 0 ? "no slot is free" : "the queue of waiting requests is full", held);
+		if (queue_full)
+			no_slot("the queue of waiting requests is full", held);
+		if (held >= role_cap())
+			no_slot(psprintf("this role already holds its limit of %d requests "
+							 "(gemma4.max_requests_per_role)", role_cap()), held);
+		no_slot(n_free == 0 ? "no slot is free" : "the free slots go to requests already waiting", held);
 	}
 	ticket = ++g4_shared->next_ticket;
 	g4_shared->waiting[g4_shared->n_waiting].role = role;
@@ -300,8 +384,14 @@ g4_claim_slot(Oid role)
 			if (!ready)
 				g4_require_ready();
 			if (GetCurrentTimestamp() >= deadline)
+			{
+				if (held >= role_cap())
+					no_slot(psprintf("this role still held its limit of %d requests "
+									 "(gemma4.max_requests_per_role) after gemma4.queue_timeout (%d ms)",
+									 role_cap(), g4_queue_timeout), held);
 				no_slot(psprintf("no slot became free within gemma4.queue_timeout (%d ms)", g4_queue_timeout),
 						held);
+			}
 			TimestampDifference(GetCurrentTimestamp(), deadline, &secs, &usecs);
 			/* wake at least every second: the worker state is not signalled */
 			(void) ConditionVariableTimedSleep(&g4_shared->slot_freed,

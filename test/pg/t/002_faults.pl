@@ -428,7 +428,7 @@ SKIP:
 		push @holders, $h;
 	}
 	call_fails('slots exhausted', "SELECT gemma_generate('x', max_tokens => 4)",
-		qr/ERROR:  53000: too many concurrent gemma4 requests: no slot is free\n.*DETAIL:  This role holds 2 of 2 request slots.*\n.*HINT:  Retry later; an administrator can raise gemma4.max_requests/s
+		qr/ERROR:  53000: too many concurrent gemma4 requests: this role already holds its limit of 2 requests \(gemma4.max_requests_per_role\)\n.*DETAIL:  This role holds 2 of 2 request slots.*\n.*HINT:  Retry later; an administrator can raise gemma4.max_requests/s
 	);
 	$_->query_safe('ROLLBACK') for @holders;
 	$_->quit for @holders;

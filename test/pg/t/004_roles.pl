@@ -8,6 +8,9 @@
 #   - the watchdog: an engine process that stops (SIGSTOP) with work queued
 #     is reported, killed and restarted; the request in flight fails with
 #     58000.
+#   - under a per-role limit below a batch's window (and a job worker's),
+#     with no queue_timeout, the batch and the job complete; a request
+#     refused by its role's limit says so.
 use strict;
 use warnings;
 
@@ -141,6 +144,65 @@ ok(G4Test::wait_idle($node), 'the KV pool is empty');
 	like(slurp_file($node->logfile), qr/gemma4 engine process $old is stalled/, 'watchdog: the log says why');
 	($ret, $out, $err) = as_role('victim', "SELECT gemma_generate('Hello', max_tokens => 4) IS NOT NULL");
 	is($out, 't', 'watchdog: the new engine serves');
+}
+
+# ---- a role's own limit: batches and table jobs stay within it --------------
+# A batch keeps up to half of gemma4.max_requests in flight, a job worker
+# its share of them.  Under a lower per-role limit they collect their own
+# requests before starting more, instead of waiting for a slot that only
+# those requests could free (and, with no queue_timeout, failing at once).
+{
+	$node->safe_psql(
+		'postgres', q{
+CREATE ROLE capped LOGIN;
+GRANT gemma_user TO capped;
+ALTER ROLE capped SET gemma4.max_requests_per_role = 2;
+ALTER ROLE capped SET gemma4.queue_timeout = 0;
+CREATE TABLE capped_docs (id int PRIMARY KEY, body text NOT NULL, summary text);
+INSERT INTO capped_docs SELECT i, 'Document number ' || i FROM generate_series(1, 12) i;
+GRANT SELECT, UPDATE ON capped_docs TO capped;
+});
+	my ($ret, $out, $err) = as_role('capped',
+		q{SELECT cardinality(a), count(x) FROM gemma_complete_batch(array_fill('Once upon a time'::text, ARRAY[5]),
+			max_tokens => 40) a, unnest(a) x GROUP BY a});
+	is($out, '5|5', 'role limit: a 5-prompt batch under a limit of 2 returns 5 answers');
+	is($err, '', 'role limit: the batch waited for nothing');
+	($ret, $out, $err) = as_role('capped',
+		q{SELECT cardinality(a), count(x) FROM gemma_generate_batch(ARRAY['Hello', NULL, 'Hi there', 'Tell me more',
+			'Why?', 'Good night'], max_tokens => 30) a, unnest(a) x GROUP BY a});
+	is($out, '6|5', 'role limit: a chat batch with a NULL prompt returns its 5 answers and the NULL');
+	is($err, '', 'role limit: the chat batch waited for nothing');
+
+	# another session of the role holds both slots: the refusal names the
+	# role's limit, not a lack of free slots
+	my @holders;
+	for my $i (1 .. 2)
+	{
+		my $h = $node->background_psql('postgres', extra_params => [ '-U', 'capped' ]);
+		$h->query_safe('BEGIN');
+		$h->query_safe("DECLARE c CURSOR FOR SELECT gemma_generate_stream('Hello world', max_tokens => 3000)");
+		$h->query_safe('FETCH 1 FROM c');
+		push @holders, $h;
+	}
+	($ret, $out, $err) = as_role('capped', "SELECT gemma_complete_batch(ARRAY['a', 'b'], max_tokens => 4)");
+	like($err,
+		qr/ERROR:  53000: too many concurrent gemma4 requests: this role already holds its limit of 2 requests \(gemma4.max_requests_per_role\)\n.*DETAIL:  This role holds 2 of 8 request slots/,
+		'role limit: a request refused by its role\'s limit says so');
+	$_->query_safe('ROLLBACK') for @holders;
+	$_->quit for @holders;
+	ok(G4Test::wait_idle($node), 'role limit: the slots are free again');
+
+	# a table job of the role: its worker keeps 4 requests in flight at most
+	my $job = $node->safe_psql('postgres',
+		q{SET ROLE capped; SELECT gemma_job_create('capped_docs', 'summary', 'body', options => '{"max_tokens": 30}')});
+	ok( $node->poll_query_until(
+			'postgres', "SELECT state = 'done' FROM gemma_jobs WHERE job = $job"),
+		'role limit: the job of a role limited to 2 requests completes');
+	is( $node->safe_psql(
+			'postgres', "SELECT rows_done, rows_failed FROM gemma_jobs WHERE job = $job"),
+		'12|0', 'role limit: every row of the job answered, none failed');
+	is($node->safe_psql('postgres', 'SELECT count(*) FROM capped_docs WHERE summary IS NULL'),
+		'0', 'role limit: every row has its answer');
 }
 
 # ---- a database in another encoding -----------------------------------------
