@@ -263,7 +263,7 @@ SELECT current_setting('g4.caught')});
 		'slow reader: the supervisor stopped');
 	G4Test::start_query($s, 'FETCH ALL FROM c');
 	my ($out, $err) = G4Test::finish_query($s);
-	like($err, qr/ERROR:  57P01: the gemma4 worker is shutting down/,
+	like($err, qr/ERROR:  55000: the gemma4 worker is shutting down/,
 		'slow reader: the rest of the stream ends with an error, not a truncated answer');
 	$s->query_safe('ROLLBACK');
 	ok( $node->poll_query_until(
