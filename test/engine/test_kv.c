@@ -13,21 +13,6 @@
 
 static uint64_t rng_state = 88172645463325252ull;
 
-static double
-urand(void)
-{
-	return (double) (h_xorshift64(&rng_state) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static float
-nrand(void)
-{
-	double		u1 = urand() + 1e-12,
-				u2 = urand();
-
-	return (float) (sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-
 G4_TEST(kv_hadamard_is_orthonormal_involution)
 {
 	float		x[512],
@@ -41,7 +26,7 @@ G4_TEST(kv_hadamard_is_orthonormal_involution)
 					ny = 0;
 
 		for (i = 0; i < n; i++)
-			x[i] = y[i] = nrand();
+			x[i] = y[i] = h_normal(&rng_state);
 		g4_hadamard(y, n);
 		for (i = 0; i < n; i++)
 		{
@@ -88,8 +73,8 @@ G4_TEST(kv_codec_error_bounds)
 				{
 					for (i = 0; i < hd; i++)
 					{
-						k[i] = nrand() * 2.0f;
-						v[i] = nrand();
+						k[i] = h_normal(&rng_state) * 2.0f;
+						v[i] = h_normal(&rng_state);
 					}
 					k[off % hd] = 9.0f;		/* an outlier channel */
 					g4_kv_encode_head(dtype, k_eq_v, hd, blk, off, k_eq_v ? NULL : k, v);
@@ -377,11 +362,11 @@ fill_inputs(const attn_shape *s, float *k, float *v, float *q, int nq)
 
 	for (i = 0; i < (size_t) s->n * s->kv_heads * s->hd; i++)
 	{
-		k[i] = nrand();
-		v[i] = nrand();
+		k[i] = h_normal(&rng_state);
+		v[i] = h_normal(&rng_state);
 	}
 	for (i = 0; i < (size_t) nq * s->heads * s->hd; i++)
-		q[i] = nrand() * 2.0f;
+		q[i] = h_normal(&rng_state) * 2.0f;
 }
 
 /* queries: decode at the end, a causal row mid-way, a sliding window, a

@@ -16,21 +16,6 @@
 
 static uint64_t rng_state = 0x51f0aa7e5d3c2b19ull;
 
-static double
-urand(void)
-{
-	return (double) (h_xorshift64(&rng_state) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static float
-nrand(void)
-{
-	double		u1 = urand() + 1e-12,
-				u2 = urand();
-
-	return (float) (sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-
 /* Two layers, one per group: a sliding one (head_dim 32, two KV heads, K
  * and V) and a full one (head_dim 64, one KV head, K from V). */
 static void
@@ -93,10 +78,10 @@ encode_pair(const g4_kv_pool_desc *desc, const g4_kv_layer L[2], double rel, uin
 
 					for (i = 0; i < hd; i++)
 					{
-						k[0][i] = nrand() * 2.0f;
-						v[0][i] = nrand();
-						k[1][i] = (float) (k[0][i] * (1.0 + rel * (2.0 * urand() - 1.0)));
-						v[1][i] = (float) (v[0][i] * (1.0 + rel * (2.0 * urand() - 1.0)));
+						k[0][i] = h_normal(&rng_state) * 2.0f;
+						v[0][i] = h_normal(&rng_state);
+						k[1][i] = (float) (k[0][i] * (1.0 + rel * (2.0 * h_uniform(&rng_state) - 1.0)));
+						v[1][i] = (float) (v[0][i] * (1.0 + rel * (2.0 * h_uniform(&rng_state) - 1.0)));
 					}
 					for (s = 0; s < 2; s++)
 						g4_kv_encode_head(desc->dtype, L[g].k_eq_v, hd, img[s][g] + off, t,
