@@ -217,48 +217,106 @@ append_content(g4_buf *out, span_list *plain, const char *text, int model, g4_bu
 	return rc | mark_content(plain, out, from);
 }
 
+/* Piece text of a token id, or NULL (no such token, or empty). */
+static const char *
+piece_of(const g4_tokenizer *tok, int id, size_t *len)
+{
+	const char *p = id >= 0 ? g4_tok_piece(tok, id, len) : NULL;
+
+	return p && *len > 0 ? p : NULL;
+}
+
+/* Length of the media expansion (begin, then at least one soft token,
+ * then end) starting at text + pos and ending by end, or 0. */
+static size_t
+expansion_at(const char *text, size_t pos, size_t end, const char *const piece[3], const size_t len[3])
+{
+	size_t		p = pos + len[0],
+				n_soft = 0;
+
+	while (p + len[1] <= end && memcmp(text + p, piece[1], len[1]) == 0)
+	{
+		p += len[1];
+		n_soft++;
+	}
+	if (n_soft == 0 || p + len[2] > end || memcmp(text + p, piece[2], len[2]) != 0)
+		return 0;
+	return p + len[2] - pos;
+}
+
 int
 g4_chat_spans_except_media(const g4_tokenizer *tok, const g4_chat_ids *ids, const char *text,
 						   g4_tok_span **v, int *n, int *cap)
 {
-	const int	media[6] = {ids->image_begin, ids->image_soft, ids->image_end,
-		ids->audio_begin, ids->audio_soft, ids->audio_end};
+	const int	media[2][3] = {{ids->image_begin, ids->image_soft, ids->image_end},
+	{ids->audio_begin, ids->audio_soft, ids->audio_end}};
+	const char *piece[2][3];
+	size_t		len[2][3];
+	int			usable[2];
 	span_list	out = {0};
 	int			i,
-				k;
+				k,
+				j;
 
+	for (k = 0; k < 2; k++)
+	{
+		usable[k] = 1;
+		for (j = 0; j < 3; j++)
+			usable[k] &= (piece[k][j] = piece_of(tok, media[k][j], &len[k][j])) != NULL;
+	}
 	for (i = 0; i < *n; i++)
 	{
 		size_t		pos = (*v)[i].off,
+					from = pos,
 					end = (*v)[i].off + (*v)[i].len;
+		size_t		next[2];
 
+		/* each kind's next begin text, found once per position passed:
+		 * one pass over the span whatever it holds */
+		for (k = 0; k < 2; k++)
+			next[k] = end;
+		for (k = 0; k < 2; k++)
+			if (usable[k] && len[k][0] <= end - pos)
+			{
+				const char *at = memmem(text + pos, end - pos, piece[k][0], len[k][0]);
+
+				next[k] = at ? (size_t) (at - text) : end;
+			}
 		while (pos < end)
 		{
-			size_t		hit = end,
-						hit_len = 0;
+			size_t		run = 0;
 
-			/* the first media token text in [pos, end) */
-			for (k = 0; k < 6; k++)
+			k = next[0] <= next[1] ? 0 : 1;
+			if (next[k] >= end)
+				break;
+			pos = next[k];
+			run = expansion_at(text, pos, end, piece[k], len[k]);
+			/* only a whole expansion is the media's: a begin or end token's
+			 * text alone in the data stays text (soft-token text in data
+			 * is a placeholder, expanded by placement) */
+			if (run > 0)
 			{
-				size_t		len;
-				const char *piece = media[k] >= 0 ? g4_tok_piece(tok, media[k], &len) : NULL;
-				const char *at;
-
-				if (!piece || len == 0 || len > end - pos)
-					continue;
-				at = memmem(text + pos, end - pos, piece, len);
-				if (at && (size_t) (at - text) < hit)
+				if (pos > from && push_span(&out, from, pos - from) != 0)
 				{
-					hit = (size_t) (at - text);
-					hit_len = len;
+					free(out.v);
+					return -1;
 				}
+				from = pos + run;
 			}
-			if (hit > pos && push_span(&out, pos, hit - pos) != 0)
-			{
-				free(out.v);
-				return -1;
-			}
-			pos = hit + hit_len;
+			pos += run > 0 ? run : 1;
+			for (j = 0; j < 2; j++)
+				if (next[j] < pos)
+				{
+					const char *at = len[j][0] <= end - pos ?
+						memmem(text + pos, end - pos, piece[j][0], len[j][0]) : NULL;
+
+					next[j] = at ? (size_t) (at - text) : end;
+				}
+		}
+		if (end > from && push_span(&out, from, end - from) != 0)
+		{
+			free(out.v);
+			return -1;
 		}
 	}
 	free(*v);
@@ -348,9 +406,9 @@ check_parts(const g4_chat_ids *ids, const g4_message *m, int i, g4_err *err)
 	int			k;
 
 	if (!role_name(m->role))
-		return g4_fail(err, G4_ERR_INVALID, "message %d has an unknown role %d", i, m->role);
+		return g4_fail(err, G4_ERR_INVALID, "message %d has an unknown role %d", i + 1, m->role);
 	if (m->n_parts < 0 || (m->n_parts > 0 && !m->parts))
-		return g4_fail(err, G4_ERR_INVALID, "message %d has a bad parts list", i);
+		return g4_fail(err, G4_ERR_INVALID, "message %d has a bad parts list", i + 1);
 	for (k = 0; m->parts && k < m->n_parts; k++)
 	{
 		const g4_content_part *p = &m->parts[k];
@@ -358,16 +416,16 @@ check_parts(const g4_chat_ids *ids, const g4_message *m, int i, g4_err *err)
 		if (p->kind == G4_PART_TEXT)
 			continue;
 		if (p->kind != G4_PART_IMAGE && p->kind != G4_PART_AUDIO)
-			return g4_fail(err, G4_ERR_INVALID, "message %d part %d has an unknown kind %d", i, k, p->kind);
+			return g4_fail(err, G4_ERR_INVALID, "message %d part %d has an unknown kind %d", i + 1, k + 1, p->kind);
 		if (p->n_soft_tokens <= 0)
 			return g4_fail(err, G4_ERR_INVALID, "message %d part %d: a media item needs n_soft_tokens > 0",
-						   i, k);
+						   i + 1, k + 1);
 		if (p->kind == G4_PART_IMAGE && ids->image_soft < 0)
 			return g4_fail(err, G4_ERR_UNSUPPORTED, "message %d part %d: this tokenizer has no image tokens",
-						   i, k);
+						   i + 1, k + 1);
 		if (p->kind == G4_PART_AUDIO && ids->audio_soft < 0)
 			return g4_fail(err, G4_ERR_UNSUPPORTED, "message %d part %d: this model has no audio input",
-						   i, k);
+						   i + 1, k + 1);
 	}
 	return G4_OK;
 }
@@ -466,7 +524,7 @@ render_gemma3(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message 
 
 		if ((m->role == G4_ROLE_USER) != ((i - first) % 2 == 0))
 			return g4_fail(err, G4_ERR_INVALID,
-						   "Gemma 3 conversation roles must alternate user/model/user/model... (message %d)", i);
+						   "Gemma 3 conversation roles must alternate user/model/user/model... (message %d)", i + 1);
 		rc |= g4_buf_puts(out, "<start_of_turn>");
 		rc |= g4_buf_puts(out, role_name(m->role));
 		rc |= g4_buf_puts(out, "\n");
@@ -539,7 +597,7 @@ g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message
 				if (msgs[i].parts[k].kind == G4_PART_AUDIO)
 				{
 					g4_buf_free(&text);
-					return g4_fail(err, G4_ERR_UNSUPPORTED, "message %d: Gemma 3 has no audio input", i);
+					return g4_fail(err, G4_ERR_UNSUPPORTED, "message %d: Gemma 3 has no audio input", i + 1);
 				}
 		}
 		rc = render_gemma3(tok, ids, msgs, n_msgs, add_generation_prompt, &text, plain, &tmp, err);

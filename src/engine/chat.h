@@ -51,9 +51,11 @@ enum
 	G4_TEXT_DATA_BUT_MEDIA = 2
 };
 
-/* Remove from the sorted, disjoint spans every occurrence of a media token's
- * text, so those stay control tokens.  *v is realloc'd; returns 0 or -1 (out
- * of memory). */
+/* Remove from the sorted, disjoint spans every whole media expansion (a
+ * begin token's text, one or more soft tokens', an end token's), so those
+ * stay control tokens; a begin or end token's text on its own stays data.
+ * Linear in the spans' length.  *v is realloc'd; returns 0 or -1 (out of
+ * memory). */
 int			g4_chat_spans_except_media(const g4_tokenizer *tok, const g4_chat_ids *ids, const char *text,
 									   g4_tok_span **v, int *n, int *cap);
 

@@ -4,6 +4,7 @@
  */
 #include "config.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,22 @@
 #include "gguf.h"
 #include "json.h"
 #include "util.h"
+
+/* An integer field as int; one outside int's range reads as -1, which the
+ * checks below refuse (a plain cast would wrap it into range). */
+static int
+cfg_value_int(const g4j *v, int64_t dflt)
+{
+	int64_t		x = g4j_int(v, dflt);
+
+	return x < INT_MIN || x > INT_MAX ? -1 : (int) x;
+}
+
+static int
+cfg_int(const g4j *obj, const char *key, int64_t dflt)
+{
+	return cfg_value_int(g4j_get(obj, key), dflt);
+}
 
 static void
 set_defaults(g4_model_config *c)
@@ -41,7 +58,7 @@ read_ids(const g4j *v, int *out, int max)
 
 	if (g4j_is(v, G4J_NUMBER))
 	{
-		out[0] = (int) g4j_int(v, -1);
+		out[0] = cfg_value_int(v, -1);
 		return 1;
 	}
 	if (g4j_is(v, G4J_ARRAY))
@@ -49,7 +66,7 @@ read_ids(const g4j *v, int *out, int max)
 		size_t		i;
 
 		for (i = 0; i < g4j_len(v) && n < max; i++)
-			out[n++] = (int) g4j_int(g4j_at(v, i), -1);
+			out[n++] = cfg_value_int(g4j_at(v, i), -1);
 	}
 	return n;
 }
@@ -111,7 +128,7 @@ parse_layer_types(const g4j *text, g4_model_config *c, int default_pattern, g4_e
 	}
 	else
 	{
-		int			pattern = (int) g4j_get_int(text, "sliding_window_pattern", default_pattern);
+		int			pattern = cfg_int(text, "sliding_window_pattern", default_pattern);
 
 		if (pattern <= 0)
 			pattern = default_pattern;
@@ -145,14 +162,14 @@ parse_gemma4_text(const g4j *text, g4_model_config *c, g4_err *err)
 			(use_bidi && strcmp(use_bidi, "vision") == 0);
 	}
 
-	c->vocab_size = (int) g4j_get_int(text, "vocab_size", 262144);
-	c->hidden_size = (int) g4j_get_int(text, "hidden_size", 2304);
-	c->intermediate_size = (int) g4j_get_int(text, "intermediate_size", 9216);
-	c->n_layers = (int) g4j_get_int(text, "num_hidden_layers", 30);
-	c->n_heads = (int) g4j_get_int(text, "num_attention_heads", 8);
-	c->sliding_window = (int) g4j_get_int(text, "sliding_window", 1024);
+	c->vocab_size = cfg_int(text, "vocab_size", 262144);
+	c->hidden_size = cfg_int(text, "hidden_size", 2304);
+	c->intermediate_size = cfg_int(text, "intermediate_size", 9216);
+	c->n_layers = cfg_int(text, "num_hidden_layers", 30);
+	c->n_heads = cfg_int(text, "num_attention_heads", 8);
+	c->sliding_window = cfg_int(text, "sliding_window", 1024);
 	c->rms_eps = g4j_get_num(text, "rms_norm_eps", 1e-6);
-	c->max_position = (int) g4j_get_int(text, "max_position_embeddings", 262144);
+	c->max_position = cfg_int(text, "max_position_embeddings", 262144);
 	if (c->n_layers <= 0 || c->n_layers > G4_MAX_LAYERS)
 		return g4_fail(err, G4_ERR_FORMAT, "config.json: num_hidden_layers = %d is out of range (1..%d)",
 					   c->n_layers, G4_MAX_LAYERS);
@@ -170,14 +187,14 @@ parse_gemma4_text(const g4j *text, g4_model_config *c, g4_err *err)
 	/* the last layer is always full attention (transformers forces it) */
 	c->layer_full[c->n_layers - 1] = 1;
 
-	c->attn[0].head_dim = (int) g4j_get_int(text, "head_dim", 256);
-	c->attn[0].n_kv_heads = (int) g4j_get_int(text, "num_key_value_heads", 4);
+	c->attn[0].head_dim = cfg_int(text, "head_dim", 256);
+	c->attn[0].n_kv_heads = cfg_int(text, "num_key_value_heads", 4);
 	c->attn[0].k_eq_v = 0;
-	c->attn[1].head_dim = (int) g4j_get_int(text, "global_head_dim", 512);
+	c->attn[1].head_dim = cfg_int(text, "global_head_dim", 512);
 	c->attn[1].n_kv_heads = c->attn[0].n_kv_heads;
 	c->attn[1].k_eq_v = g4j_get_bool(text, "attention_k_eq_v", 0);
 	if (c->attn[1].k_eq_v && g4j_is(g4j_get(text, "num_global_key_value_heads"), G4J_NUMBER))
-		c->attn[1].n_kv_heads = (int) g4j_get_int(text, "num_global_key_value_heads", 1);
+		c->attn[1].n_kv_heads = cfg_int(text, "num_global_key_value_heads", 1);
 
 	/* serialised per-layer overrides win over the global_* keys */
 	plc = g4j_get(text, "per_layer_config");
@@ -209,9 +226,9 @@ parse_gemma4_text(const g4j *text, g4_model_config *c, g4_err *err)
 			else
 				a = &c->attn[c->layer_full[li] ? 1 : 0];
 			if (g4j_get(ov, "head_dim"))
-				a->head_dim = (int) g4j_get_int(ov, "head_dim", a->head_dim);
+				a->head_dim = cfg_int(ov, "head_dim", a->head_dim);
 			if (g4j_get(ov, "num_key_value_heads"))
-				a->n_kv_heads = (int) g4j_get_int(ov, "num_key_value_heads", a->n_kv_heads);
+				a->n_kv_heads = cfg_int(ov, "num_key_value_heads", a->n_kv_heads);
 		}
 	}
 
@@ -237,9 +254,9 @@ parse_gemma4_text(const g4j *text, g4_model_config *c, g4_err *err)
 	c->norm_plus_one = 0;
 	c->has_layer_scalar = 1;
 	if (g4j_get(text, "bos_token_id"))
-		c->bos_id = (int) g4j_get_int(text, "bos_token_id", 2);
+		c->bos_id = cfg_int(text, "bos_token_id", 2);
 	if (g4j_get(text, "pad_token_id"))
-		c->pad_id = (int) g4j_get_int(text, "pad_token_id", 0);
+		c->pad_id = cfg_int(text, "pad_token_id", 0);
 	if (g4j_get(text, "eos_token_id"))
 		c->n_eos = read_ids(g4j_get(text, "eos_token_id"), c->eos_ids, G4_MAX_EOS);
 	{
@@ -260,14 +277,14 @@ parse_gemma3_text(const g4j *text, g4_model_config *c, g4_err *err)
 	const g4j  *rp;
 
 	c->family = G4_FAMILY_GEMMA3;
-	c->vocab_size = (int) g4j_get_int(text, "vocab_size", 262208);
-	c->hidden_size = (int) g4j_get_int(text, "hidden_size", 2304);
-	c->intermediate_size = (int) g4j_get_int(text, "intermediate_size", 9216);
-	c->n_layers = (int) g4j_get_int(text, "num_hidden_layers", 26);
-	c->n_heads = (int) g4j_get_int(text, "num_attention_heads", 8);
-	c->sliding_window = (int) g4j_get_int(text, "sliding_window", 4096);
+	c->vocab_size = cfg_int(text, "vocab_size", 262208);
+	c->hidden_size = cfg_int(text, "hidden_size", 2304);
+	c->intermediate_size = cfg_int(text, "intermediate_size", 9216);
+	c->n_layers = cfg_int(text, "num_hidden_layers", 26);
+	c->n_heads = cfg_int(text, "num_attention_heads", 8);
+	c->sliding_window = cfg_int(text, "sliding_window", 4096);
 	c->rms_eps = g4j_get_num(text, "rms_norm_eps", 1e-6);
-	c->max_position = (int) g4j_get_int(text, "max_position_embeddings", 131072);
+	c->max_position = cfg_int(text, "max_position_embeddings", 131072);
 	if (c->n_layers <= 0 || c->n_layers > G4_MAX_LAYERS)
 		return g4_fail(err, G4_ERR_FORMAT, "config.json: num_hidden_layers = %d is out of range (1..%d)",
 					   c->n_layers, G4_MAX_LAYERS);
@@ -282,8 +299,8 @@ parse_gemma3_text(const g4j *text, g4_model_config *c, g4_err *err)
 	}
 	if (parse_layer_types(text, c, 6, err) != G4_OK)
 		return err->code;
-	c->attn[0].head_dim = c->attn[1].head_dim = (int) g4j_get_int(text, "head_dim", 256);
-	c->attn[0].n_kv_heads = c->attn[1].n_kv_heads = (int) g4j_get_int(text, "num_key_value_heads", 4);
+	c->attn[0].head_dim = c->attn[1].head_dim = cfg_int(text, "head_dim", 256);
+	c->attn[0].n_kv_heads = c->attn[1].n_kv_heads = cfg_int(text, "num_key_value_heads", 4);
 	c->attn[0].rope_theta = g4j_get_num(text, "rope_local_base_freq", 10000.0);
 	c->attn[1].rope_theta = g4j_get_num(text, "rope_theta", 1000000.0);
 	rs = g4j_get(text, "rope_scaling");
@@ -309,9 +326,9 @@ parse_gemma3_text(const g4j *text, g4_model_config *c, g4_err *err)
 	c->has_layer_scalar = 0;
 	c->bidirectional_vision = 0;
 	if (g4j_get(text, "bos_token_id"))
-		c->bos_id = (int) g4j_get_int(text, "bos_token_id", 2);
+		c->bos_id = cfg_int(text, "bos_token_id", 2);
 	if (g4j_get(text, "pad_token_id"))
-		c->pad_id = (int) g4j_get_int(text, "pad_token_id", 0);
+		c->pad_id = cfg_int(text, "pad_token_id", 0);
 	if (g4j_get(text, "eos_token_id"))
 		c->n_eos = read_ids(g4j_get(text, "eos_token_id"), c->eos_ids, G4_MAX_EOS);
 	return G4_OK;
@@ -355,11 +372,11 @@ parse_quantization(const g4j *root, g4_model_config *c, g4_err *err)
 			!g4j_get_bool(w, "symmetric", 0) || !strategy || strcmp(strategy, "group") != 0)
 			return g4_fail(err, G4_ERR_UNSUPPORTED,
 						   "config.json: only symmetric int4 group quantisation is supported (found %d-bit %s %s%s)",
-						   (int) g4j_get_int(w, "num_bits", 0), type ? type : "?", strategy ? strategy : "?",
+						   cfg_int(w, "num_bits", 0), type ? type : "?", strategy ? strategy : "?",
 						   g4j_get_bool(w, "symmetric", 0) ? "" : " asymmetric");
 		if (g4j_is(g4j_get(w, "actorder"), G4J_STRING))
 			return g4_fail(err, G4_ERR_UNSUPPORTED, "config.json: activation-ordered (actorder) weights are not supported");
-		c->group_size = (int) g4j_get_int(w, "group_size", 0);
+		c->group_size = cfg_int(w, "group_size", 0);
 		if (c->group_size != 32)
 			return g4_fail(err, G4_ERR_UNSUPPORTED, "config.json: int4 group size %d is not supported (32 is)",
 						   c->group_size);
@@ -406,11 +423,11 @@ load_generation_config(const char *dir, g4_model_config *c, g4_err *err)
 	if (g4j_get(r, "eos_token_id"))
 		c->n_eos = read_ids(g4j_get(r, "eos_token_id"), c->eos_ids, G4_MAX_EOS);
 	if (g4j_get(r, "bos_token_id"))
-		c->bos_id = (int) g4j_get_int(r, "bos_token_id", c->bos_id);
+		c->bos_id = cfg_int(r, "bos_token_id", c->bos_id);
 	if (g4j_get(r, "suppress_tokens"))
 		c->n_suppress = read_ids(g4j_get(r, "suppress_tokens"), c->suppress_ids, G4_MAX_SUPPRESS);
 	c->gen_temperature = g4j_get_num(r, "temperature", c->gen_temperature);
-	c->gen_top_k = (int) g4j_get_int(r, "top_k", c->gen_top_k);
+	c->gen_top_k = cfg_int(r, "top_k", c->gen_top_k);
 	c->gen_top_p = g4j_get_num(r, "top_p", c->gen_top_p);
 	g4j_free(doc);
 	return G4_OK;
@@ -494,7 +511,7 @@ load_hf(const char *dir, g4_model_config *c, int assistant, g4_err *err)
 						 "config.json: assistants with ordered (centroid-masked) embeddings are not supported");
 		else
 		{
-			c->backbone_hidden = (int) g4j_get_int(root, "backbone_hidden_size", 3840);
+			c->backbone_hidden = cfg_int(root, "backbone_hidden_size", 3840);
 			rc = parse_gemma4_text(text_cfg, c, err);
 		}
 	}
@@ -512,13 +529,13 @@ load_hf(const char *dir, g4_model_config *c, int assistant, g4_err *err)
 	if (rc == G4_OK && text_cfg != root && !assistant)
 	{
 		/* multimodal ids and the stop list live at the top of composite configs */
-		c->image_token_id = (int) g4j_get_int(root, "image_token_id", 258880);
-		c->boi_id = (int) g4j_get_int(root, "boi_token_id", 255999);
-		c->eoi_id = (int) g4j_get_int(root, "eoi_token_id", 258882);
-		c->audio_token_id = (int) g4j_get_int(root, "audio_token_id", 258881);
-		c->boa_id = (int) g4j_get_int(root, "boa_token_id", 256000);
-		c->eoa_id = (int) g4j_get_int(root, "eoa_token_index", g4j_get_int(root, "eoa_token_id", 258883));
-		c->video_token_id = (int) g4j_get_int(root, "video_token_id", 258884);
+		c->image_token_id = cfg_int(root, "image_token_id", 258880);
+		c->boi_id = cfg_int(root, "boi_token_id", 255999);
+		c->eoi_id = cfg_int(root, "eoi_token_id", 258882);
+		c->audio_token_id = cfg_int(root, "audio_token_id", 258881);
+		c->boa_id = cfg_int(root, "boa_token_id", 256000);
+		c->eoa_id = cfg_int(root, "eoa_token_index", g4j_get_int(root, "eoa_token_id", 258883));
+		c->video_token_id = cfg_int(root, "video_token_id", 258884);
 		if (g4j_get(root, "eos_token_id"))
 			c->n_eos = read_ids(g4j_get(root, "eos_token_id"), c->eos_ids, G4_MAX_EOS);
 	}

@@ -190,6 +190,7 @@ typedef struct
 	int			n_tokens;
 
 	int			max_tokens;		/* 0 = up to the window */
+	int			max_tokens_cap; /* with max_tokens 0: at most this many (0 = none) */
 	g4_sampling sampling;
 	const char *const *stop;	/* stop strings, may be NULL */
 	int			n_stop;

@@ -7,6 +7,7 @@
  */
 #include "json.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -316,6 +317,20 @@ parse_string(parser *ps, g4j *out)
 	return 0;
 }
 
+/* A number as int64, truncated toward zero and saturated at the type's
+ * ends (NaN: 0); a plain cast is undefined past them. */
+static int64_t
+json_to_int64(double x)
+{
+	if (x != x)
+		return 0;
+	if (x >= 9223372036854775807.0)
+		return INT64_MAX;
+	if (x <= -9223372036854775808.0)
+		return INT64_MIN;
+	return (int64_t) x;
+}
+
 static int
 parse_number(parser *ps, g4j *out)
 {
@@ -358,8 +373,16 @@ parse_number(parser *ps, g4j *out)
 	tmp[len] = '\0';
 	out->type = G4J_NUMBER;
 	out->u.number = strtod(tmp, NULL);
+	if (integer)
+	{
+		/* an integer past int64 is a number like one with a fraction */
+		errno = 0;
+		out->integer = strtoll(tmp, NULL, 10);
+		integer = errno != ERANGE;
+	}
 	out->is_integer = (uint8_t) integer;
-	out->integer = integer ? strtoll(tmp, NULL, 10) : (int64_t) out->u.number;
+	if (!integer)
+		out->integer = json_to_int64(out->u.number);
 	ps->p = q;
 	return 0;
 }
@@ -656,7 +679,7 @@ g4j_int(const g4j *v, int64_t dflt)
 {
 	if (!v || v->type != G4J_NUMBER)
 		return dflt;
-	return v->is_integer ? v->integer : (int64_t) v->u.number;
+	return v->is_integer ? v->integer : json_to_int64(v->u.number);
 }
 
 int

@@ -289,6 +289,8 @@ g4_seq_prepare(const g4_engine *e, const g4_request *req, const volatile int *ca
 		return NULL;
 	}
 	s->max_tokens = req->max_tokens > 0 ? req->max_tokens : window - s->n_prompt;
+	if (req->max_tokens == 0 && req->max_tokens_cap > 0)
+		s->max_tokens = G4_MIN(s->max_tokens, req->max_tokens_cap);
 	/* compared as a difference: the sum may pass INT_MAX */
 	if (s->max_tokens > window - s->n_prompt)
 	{
@@ -552,6 +554,17 @@ g4_seq_emit_token(g4_engine *e, g4_seq *s, int32_t id, g4_event_fn fn, void *ctx
 	{
 		g4_seq_finish(e, s, G4_FINISH_STOP, fn, ctx);
 		return 1;
+	}
+	if (id == e->channel_open || id == e->channel_close)
+	{
+		/* a byte run the channel token ends is the channel's before it */
+		s->piece.len = 0;
+		if (g4_detok_finish(&s->detok, &s->piece) == G4_OK && s->piece.len &&
+			route_text(s, s->piece.data, s->piece.len, fn, ctx))
+		{
+			g4_seq_finish(e, s, G4_FINISH_STOP, fn, ctx);
+			return 1;
+		}
 	}
 	if (id == e->channel_open)
 	{

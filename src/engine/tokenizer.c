@@ -1242,28 +1242,43 @@ word_after(const unsigned char *s, size_t n, size_t i)
 
 static int encode_stretch(enc_ctx *c, const char *s, size_t n, int normalized_stage);
 
+/* The first plain span ending after text offset pos (spans are sorted and
+ * disjoint: a binary search, as a chat of many messages has many), or
+ * n_plain. */
+static int
+first_plain_after(const enc_ctx *c, size_t pos)
+{
+	int			lo = 0,
+				hi = c->n_plain;
+
+	while (lo < hi)
+	{
+		int			mid = lo + (hi - lo) / 2;
+
+		if (c->plain[mid].off + c->plain[mid].len <= pos)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 /* The plain span containing text offset pos, or NULL. */
 static const g4_tok_span *
 plain_span_at(const enc_ctx *c, size_t pos)
 {
-	int			i;
+	int			i = first_plain_after(c, pos);
 
-	for (i = 0; i < c->n_plain; i++)
-		if (pos >= c->plain[i].off && pos - c->plain[i].off < c->plain[i].len)
-			return &c->plain[i];
-	return NULL;
+	return i < c->n_plain && c->plain[i].off <= pos ? &c->plain[i] : NULL;
 }
 
 /* Does [off, off + n) of the text overlap a plain span? */
 static int
 touches_plain(const enc_ctx *c, size_t off, size_t n)
 {
-	int			i;
+	int			i = first_plain_after(c, off);
 
-	for (i = 0; i < c->n_plain; i++)
-		if (off < c->plain[i].off + c->plain[i].len && c->plain[i].off < off + n)
-			return 1;
-	return 0;
+	return i < c->n_plain && c->plain[i].off < off + n;
 }
 
 /*

@@ -257,7 +257,12 @@ load_post_processor(g4_tokenizer *t, const g4j *node, int *has_post, int *bos_fr
 		if (g4j_len(ids) != 1)
 			return g4_fail(err, G4_ERR_UNSUPPORTED,
 						   "%s: post_processor special token \"%s\" must map to exactly one id", path, name);
-		*bos_from_post = (int) g4j_int(g4j_at(ids, 0), -1);
+		int64_t		id = g4j_int(g4j_at(ids, 0), -1);
+
+		if (id < 0 || id > INT32_MAX)
+			return g4_fail(err, G4_ERR_FORMAT, "%s: post_processor special token \"%s\" has the id %lld", path, name,
+						   (long long) id);
+		*bos_from_post = (int) id;
 	}
 	t->add_bos = 1;
 	return G4_OK;
@@ -453,6 +458,12 @@ tok_from_json(const g4j *root, const g4j *config, const char *path, const char *
 		goto fail;
 	if ((rc = g4_tokb_finish(t, err)) != G4_OK)
 		goto fail;
+	if (bos_post >= t->n_vocab)
+	{
+		rc = g4_fail(err, G4_ERR_FORMAT, "%s: the post-processor's BOS id %d is outside the vocabulary (%d ids)",
+					 path, bos_post, t->n_vocab);
+		goto fail;
+	}
 
 	/*
 	 * Special token ids: the config's names first, then the post-processor's

@@ -837,6 +837,7 @@ handle_submit(EngineProc *ep, const char *body, size_t len)
 		req->n_messages = n_msgs;
 		req->enable_thinking = wr.thinking;
 		req->max_tokens = wr.max_tokens;
+		req->max_tokens_cap = wr.max_tokens_cap;
 		req->sampling.temperature = wr.temperature;
 		req->sampling.top_p = wr.top_p;
 		req->sampling.top_k = wr.top_k;

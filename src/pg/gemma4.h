@@ -123,6 +123,7 @@ typedef struct G4WireRequest
 	uint64		request_id;
 	int32		kind;			/* G4RequestKind */
 	int32		max_tokens;		/* 0 = up to the window */
+	int32		max_tokens_cap; /* with max_tokens 0: at most this many (0 = none) */
 	float		temperature;
 	float		top_p;
 	float		min_p;

@@ -189,10 +189,12 @@ build_finish(G4Build *b, int window)
 					 errmsg("max_tokens (%d) exceeds gemma4.max_tokens_limit (%d)", asked, g4_max_tokens_limit),
 					 errhint(b->has_max_tokens ? "Pass a smaller max_tokens." :
 							 "Pass max_tokens, or lower gemma4.default_max_tokens.")));
-		/* "up to the window" is up to the limit */
+		/* "up to the window" is up to the window or the limit, whichever
+		 * comes first: only the engine knows the prompt's length */
 		if (asked == 0)
 		{
-			b->req.max_tokens = Min(g4_max_tokens_limit, window - 1);
+			b->req.max_tokens = 0;
+			b->req.max_tokens_cap = g4_max_tokens_limit;
 			b->has_max_tokens = true;
 		}
 	}
@@ -200,7 +202,7 @@ build_finish(G4Build *b, int window)
 	{
 		if (g4_default_max_tokens >= window)
 			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 					 errmsg("gemma4.default_max_tokens (%d) exceeds the context window", g4_default_max_tokens),
 					 errdetail("The context window is %d tokens, and the prompt takes at least one.", window),
 					 errhint("Pass max_tokens, or lower gemma4.default_max_tokens.")));
@@ -208,7 +210,7 @@ build_finish(G4Build *b, int window)
 	}
 	else if (b->req.max_tokens >= window)
 		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("max_tokens (%d) exceeds the context window", b->req.max_tokens),
 				 errdetail("The context window is %d tokens, and the prompt takes at least one.", window),
 				 errhint("Lower max_tokens, or raise gemma4.max_model_len.")));

@@ -324,6 +324,83 @@ G4_TEST(chat_ids_and_errors)
 	g4_tok_free(t);
 }
 
+/* Count an id in ids[0..n). */
+static int
+count_id(const int32_t *ids, int n, int id)
+{
+	int			i,
+				c = 0;
+
+	for (i = 0; i < n; i++)
+		c += ids[i] == id;
+	return c;
+}
+
+/*
+ * Content with media placed in it (G4_TEXT_DATA_BUT_MEDIA): only whole
+ * expansions (begin, soft tokens, end) are control tokens; a begin or end
+ * token's text alone in the data stays text.  A content of many lone begin
+ * texts is scanned in one pass: the spans left are counted, not timed.
+ */
+G4_TEST(chat_media_spans_only_whole_expansions)
+{
+	g4_err		err;
+	g4_tokenizer *t = load_fixture(&err);
+	g4_chat_ids ids;
+	g4_message	msg;
+	g4_buf		text = {0};
+	int32_t    *out = NULL;
+	int			n = 0,
+				cap = 0,
+				i;
+
+	CHECK_MSG(t != NULL, "loading the fixture tokenizer: %s", err.msg);
+	CHECK_OK(g4_chat_init(t, G4_CHAT_GEMMA4, &ids, &err), &err);
+	/* data: a lone begin, a lone end and a begin + end with no soft token
+	 * around one real expansion of three soft tokens */
+	CHECK(g4_buf_puts(&text, "data: <|image> <audio|> <|audio><audio|> before ") == 0);
+	CHECK(g4_chat_expand_media(t, &ids, G4_MEDIA_IMAGE, 3, &text) == 0);
+	CHECK(g4_buf_puts(&text, " after <image|>") == 0);
+	memset(&msg, 0, sizeof(msg));
+	msg.role = G4_ROLE_USER;
+	msg.content = text.data;
+	CHECK_OK(g4_chat_encode(t, &ids, &msg, 1, 0, 1, G4_TEXT_DATA_BUT_MEDIA, NULL, &out, &n, &cap, &err), &err);
+	CHECK_INT(count_id(out, n, ids.image_begin), 1);
+	CHECK_INT(count_id(out, n, ids.image_soft), 3);
+	CHECK_INT(count_id(out, n, ids.image_end), 1);
+	CHECK_INT(count_id(out, n, ids.audio_begin), 0);
+	CHECK_INT(count_id(out, n, ids.audio_end), 0);
+	free(out);
+	g4_buf_free(&text);
+
+	/* 100,000 lone begin texts and one expansion: two spans of data */
+	{
+		g4_tok_span *v = g4_malloc(sizeof(g4_tok_span));
+		int			nv = 1,
+					capv = 1;
+		size_t		half;
+
+		for (i = 0; i < 50000; i++)
+			CHECK(g4_buf_puts(&text, "<|image>") == 0);
+		half = text.len;
+		CHECK(g4_chat_expand_media(t, &ids, G4_MEDIA_AUDIO, 2, &text) == 0);
+		for (i = 0; i < 50000; i++)
+			CHECK(g4_buf_puts(&text, "<|image>") == 0);
+		CHECK(v);
+		v[0].off = 0;
+		v[0].len = text.len;
+		CHECK_INT(g4_chat_spans_except_media(t, &ids, text.data, &v, &nv, &capv), 0);
+		CHECK_INT(nv, 2);
+		CHECK_INT(v[0].off, 0);
+		CHECK_INT(v[0].len, half);
+		CHECK_INT(v[1].off + v[1].len, text.len);
+		CHECK_INT(text.len - v[1].off, half);
+		free(v);
+		g4_buf_free(&text);
+	}
+	g4_tok_free(t);
+}
+
 G4_TEST(chat_gemma3_errors)
 {
 	g4_err		err;

@@ -589,6 +589,48 @@ G4_TEST(engine_streamed_text_equals_detokenized_tokens)
 	g4_close(e);
 }
 
+/*
+ * A byte run the model ends with a channel token belongs to the channel
+ * before it: "a" + the bytes of U+4E2D, then a thought, then "a" again
+ * stream as content "a\xe4\xb8\xad" "a" and reasoning "b".
+ */
+G4_TEST(engine_byte_run_before_a_channel_token_stays_in_its_channel)
+{
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	g4_seq	   *s;
+	h_result	r;
+	h_run		run = {&r, 1};
+	const char *const pieces[] = {"a", "<0xE4>", "<0xB8>", "<0xAD>", "<|channel>", "thought", "\n", "b",
+	"<channel|>", "a"};
+	size_t		i;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	h_token_request(&req, prompt_ids, 11, 64);
+	s = g4_seq_new(e, &req, &err);
+	CHECK_MSG(s != NULL, "g4_seq_new: %s", err.msg);
+	memset(&r, 0, sizeof(r));
+	r.id = s->id;
+	for (i = 0; i < G4_ARRAY_LEN(pieces); i++)
+	{
+		int32_t		id = g4_tok_id(e->tok, pieces[i]);
+
+		CHECK_MSG(id >= 0, "no token %s in the fixture", pieces[i]);
+		CHECK_INT(g4_seq_emit_token(e, s, id, h_on_event, &run), 0);
+	}
+	CHECK_INT(r.text_len, 5);
+	CHECK(memcmp(r.text, "a\xe4\xb8\xad" "a", 5) == 0);
+	CHECK_INT(r.reasoning_len, 1);
+	CHECK(r.reasoning[0] == 'b');
+	g4_seq_free(s);
+	h_result_free(&r);
+	g4_close(e);
+}
+
 G4_TEST(engine_penalties_change_choices)
 {
 	g4_options	o;

@@ -450,9 +450,14 @@ G4_TEST(st_err_header)
 	CHECK(header_fails("past.safetensors",
 					   "{\"w\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[60,68]}}",
 					   G4_ERR_IO, "truncated: tensor 'w' needs 68 data bytes", "(64 of data)"));
+	/* offsets at the end of int64: no overflow in the bounds check */
 	CHECK(header_fails("huge.safetensors",
-					   "{\"w\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[9223372036854775800,9223372036854775808]}}",
+					   "{\"w\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[9223372036854775799,9223372036854775807]}}",
 					   G4_ERR_IO, "truncated: tensor 'w'", NULL));
+	/* past it: not an offset at all */
+	CHECK(header_fails("past64.safetensors",
+					   "{\"w\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[9223372036854775800,9223372036854775808]}}",
+					   G4_ERR_FORMAT, "'w' needs data_offsets", NULL));
 	CHECK(header_fails("overlap.safetensors",
 					   "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
 					   "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"

@@ -827,6 +827,17 @@ G4_TEST(tokenizer_bad_files)
 	fclose(f);
 	CHECK(g4_tok_load_json(path, NULL, &t, &err) == G4_ERR_FORMAT);
 	CHECK(strstr(err.msg, "merges[0]") != NULL);
+
+	/* a BOS id past the vocabulary, from the post-processor */
+	f = fopen(path, "w");
+	CHECK(f != NULL);
+	fputs("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}, "
+		  "\"post_processor\": {\"type\": \"TemplateProcessing\", "
+		  "\"single\": [{\"SpecialToken\": {\"id\": \"<bos>\"}}, {\"Sequence\": {\"id\": \"A\"}}], "
+		  "\"special_tokens\": {\"<bos>\": {\"ids\": [5]}}}}", f);
+	fclose(f);
+	CHECK(g4_tok_load_json(path, NULL, &t, &err) == G4_ERR_FORMAT);
+	CHECK_MSG(strstr(err.msg, "outside the vocabulary") != NULL, "%s", err.msg);
 	unlink(path);
 }
 

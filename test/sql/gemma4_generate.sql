@@ -31,6 +31,17 @@ SELECT length(gemma_generate('Hello world', max_tokens => 8, temperature => 1.0)
 SET gemma4.default_max_tokens = 4;
 SELECT gemma_generate('Hello world') = gemma_generate('Hello world', max_tokens => 4) AS default_max_tokens;
 RESET gemma4.default_max_tokens;
+-- 0 (to the window) under gemma4.max_tokens_limit: to the window or the
+-- limit, whichever comes first, however long the prompt
+SET gemma4.default_max_tokens = 0;
+SET gemma4.max_tokens_limit = 100;
+SELECT (r->'usage'->>'prompt_tokens')::int > 4000 AS long_prompt,
+       (r->'usage'->>'prompt_tokens')::int + (r->'usage'->>'completion_tokens')::int <= 4096 AS within_the_window
+FROM (SELECT gemma_chat(jsonb_build_array(jsonb_build_object('role', 'user', 'content', repeat('a ', 4060)))) r) x;
+SELECT (gemma_chat('[{"role": "user", "content": "Hello world"}]') -> 'usage' ->> 'completion_tokens')::int
+       BETWEEN 1 AND 100 AS within_the_limit;
+RESET gemma4.max_tokens_limit;
+RESET gemma4.default_max_tokens;
 
 -- the stream: one row per decoded piece, concatenating to the whole answer
 SELECT gemma_generate_stream('Hello world', max_tokens => 8) AS piece;
