@@ -48,7 +48,8 @@ mem_seek(sf_count_t offset, int whence, void *user)
 	mem_file   *m = user;
 	sf_count_t	base = whence == SEEK_SET ? 0 : whence == SEEK_CUR ? m->off : m->len;
 
-	if (base + offset < 0 || base + offset > m->len)
+	/* compared without adding: offsets come from the file */
+	if (offset < -base || offset > m->len - base)
 		return -1;
 	m->off = base + offset;
 	return m->off;
@@ -153,9 +154,11 @@ g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, g4_audio *o
 					 info.samplerate);
 		goto done;
 	}
-	if (info.samplerate < 1000 || info.samplerate > 768000)
+	/* the clip is held at its own rate until resampled: 192 kHz bounds
+	 * that to 768 kB a second */
+	if (info.samplerate < 1000 || info.samplerate > 192000)
 	{
-		rc = g4_fail(err, G4_ERR_INVALID, "unsupported sample rate %d Hz (1000 to 768000)", info.samplerate);
+		rc = g4_fail(err, G4_ERR_INVALID, "unsupported sample rate %d Hz (1000 to 192000)", info.samplerate);
 		goto done;
 	}
 	/* the header's length when it gives one; reading stops at the limit anyway */
@@ -217,9 +220,18 @@ g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, g4_audio *o
 			}
 			n += got;
 		}
-		if (sf_error(sf) != SF_ERR_NO_ERROR && n == 0)
+		if (sf_error(sf) != SF_ERR_NO_ERROR)
 		{
 			rc = g4_fail(err, G4_ERR_INVALID, "corrupt %s data: %s", fmt, sf_strerror(sf));
+			goto done;
+		}
+		/* a FLAC's header counts its samples exactly: fewer means the
+		 * decoder lost its way (cut short, or corrupt in the middle), an
+		 * error as soundfile reads it, not a shorter clip */
+		if (strcmp(fmt, "FLAC") == 0 && info.frames > 0 && n < info.frames)
+		{
+			rc = g4_fail(err, G4_ERR_INVALID, "corrupt FLAC data: %lld of the %lld samples its header declares",
+						 (long long) n, (long long) info.frames);
 			goto done;
 		}
 	}

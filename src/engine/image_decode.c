@@ -354,11 +354,19 @@ done:
 
 /* ---- JPEG ---- */
 
+/* Scans a progressive JPEG may have: encoders write about ten; each scan of
+ * a large image is a pass over all its coefficients, so a small file of
+ * thousands of repeated scans would take minutes to decode.  A limit like
+ * djpeg's -maxscans. */
+#define JPEG_MAX_SCANS 100
+
 typedef struct
 {
 	struct jpeg_error_mgr pub;
+	struct jpeg_progress_mgr progress;
 	jmp_buf		jb;
 	int			truncated;
+	int			too_many_scans;
 } jpeg_errors;
 
 static void
@@ -367,6 +375,19 @@ jpeg_on_error(j_common_ptr cinfo)
 	jpeg_errors *e = (jpeg_errors *) cinfo->err;
 
 	longjmp(e->jb, 1);
+}
+
+/* Called as the input is consumed: stop at the scan limit. */
+static void
+jpeg_on_progress(j_common_ptr cinfo)
+{
+	jpeg_errors *e = (jpeg_errors *) cinfo->err;
+
+	if (cinfo->is_decompressor && ((j_decompress_ptr) cinfo)->input_scan_number > JPEG_MAX_SCANS)
+	{
+		e->too_many_scans = 1;
+		longjmp(e->jb, 1);
+	}
 }
 
 /* Premature end of data is a warning to libjpeg (it pads with grey); PIL
@@ -394,10 +415,15 @@ decode_jpeg(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, 
 	je.pub.error_exit = jpeg_on_error;
 	je.pub.emit_message = jpeg_on_message;
 	je.truncated = 0;
+	je.too_many_scans = 0;
+	memset(&je.progress, 0, sizeof(je.progress));
+	je.progress.progress_monitor = jpeg_on_progress;
 	if (setjmp(je.jb))
 	{
 		char		msg[JMSG_LENGTH_MAX];
 
+		if (rc == G4_OK && je.too_many_scans)
+			rc = g4_fail(err, G4_ERR_INVALID, "the JPEG has more than %d scans", JPEG_MAX_SCANS);
 		if (rc == G4_OK)
 		{
 			je.pub.format_message((j_common_ptr) & cinfo, msg);
@@ -406,6 +432,7 @@ decode_jpeg(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, 
 		goto done;
 	}
 	jpeg_create_decompress(&cinfo);
+	cinfo.progress = &je.progress;	/* after create, which clears cinfo */
 	jpeg_mem_src(&cinfo, data, (unsigned long) len);
 	jpeg_save_markers(&cinfo, JPEG_APP0 + 1, 0xFFFF);
 	jpeg_read_header(&cinfo, TRUE);
@@ -423,7 +450,9 @@ decode_jpeg(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, 
 	}
 	{
 		int			cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
-		int			inverted = cmyk && cinfo.saw_Adobe_marker;
+		/* Adobe's inverted CMYK whether or not the file says so, as PIL
+		 * reads it (JpegImagePlugin: "assume adobe conventions") */
+		int			inverted = cmyk;
 		int			comps;
 		JDIMENSION	w,
 					x;

@@ -135,6 +135,7 @@ build_media_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const v
 	g4_media_prompt placed;
 	int			n = req->n_media;
 	int			number[2] = {0, 0};
+	long long	soft = 0;
 	int			i,
 				rc;
 
@@ -162,9 +163,18 @@ build_media_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const v
 	{
 		int			kind = req->media[i].kind;
 
+		if (cancel && *cancel)
+			return g4_fail(err, G4_ERR_CANCELLED, "cancelled while decoding media");
 		if ((rc = g4_media_prepare(&req->media[i], ++number[kind], &lim, &s->media_in[i], err)) != G4_OK)
 			return rc;
 		s->n_media_in = i + 1;
+		/* each item holds its soft tokens' inputs until the prompt is
+		 * checked: past the window, refuse before decoding the rest */
+		soft += s->media_in[i].n_tokens;
+		if (soft >= e->max_model_len)
+			return g4_fail(err, G4_ERR_TOO_LONG,
+						   "the first %d media items take %lld soft tokens, more than the context window "
+						   "(max_model_len) of %d holds", i + 1, soft, e->max_model_len);
 	}
 	if ((rc = g4_media_place(e->tok, &e->chat, req, s->media_in, n, &placed, err)) != G4_OK)
 		return rc;
@@ -210,6 +220,7 @@ g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err)
 {
 	size_t		H = (size_t) e->model->cfg.hidden_size;
 	double		t0 = g4_now();
+	int			number[2] = {0, 0};
 	int			i,
 				rc;
 
@@ -222,8 +233,10 @@ g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err)
 	{
 		g4_media_input *in = &s->media_in[i];
 
+		/* numbered among the items of its kind, as g4_media_prepare does */
+		number[in->kind]++;
 		if ((rc = g4_model_embed_media(e->model, in, s->embed_rows + (size_t) in->row_offset * H, err)) != G4_OK)
-			return g4_fail_ctx(err, "%s %d", in->kind == G4_MEDIA_IMAGE ? "image" : "audio", i + 1);
+			return g4_fail_ctx(err, "%s %d", in->kind == G4_MEDIA_IMAGE ? "image" : "audio", number[in->kind]);
 		e->stats.images += in->kind == G4_MEDIA_IMAGE;
 		e->stats.audio_seconds += in->seconds;
 		e->stats.media_decode_seconds += in->decode_seconds;

@@ -327,6 +327,7 @@ static const bad_case bad_cases[] = {
 	{"truncated.webp", G4_MEDIA_IMAGE, "image 1: corrupt or truncated WebP data"},
 	{"truncated.gif", G4_MEDIA_IMAGE, "image 1: truncated GIF data"},
 	{"gif_no_image.gif", G4_MEDIA_IMAGE, "image 1: the GIF has no image"},
+	{"scans_200x150.jpg", G4_MEDIA_IMAGE, "image 1: the JPEG has more than 100 scans"},
 	{"bitmap.bmp", G4_MEDIA_IMAGE, "image 1: unsupported image format"},
 	{"text.txt", G4_MEDIA_IMAGE, "image 1: unsupported image format"},
 	{"random.bin", G4_MEDIA_IMAGE, "image 1: unsupported image format"},
@@ -522,6 +523,65 @@ G4_TEST(media_decoder_fuzz)
 }
 
 /* ---- placement ---- */
+
+/* A FLAC cut short, or corrupt in the middle, is an error, not a shorter
+ * clip (the reference, soundfile, raises "flac decoder lost sync"). */
+G4_TEST(media_truncated_flac_is_an_error)
+{
+	g4_media_limits lim = {G4_DEFAULT_SOFT_TOKENS, G4_DEFAULT_MAX_IMAGE_PIXELS, G4_DEFAULT_MAX_AUDIO_SECONDS};
+	char	   *data;
+	size_t		len;
+	g4_media	m;
+	g4_media_input in;
+	g4_err		err;
+	int			rc;
+
+	CHECK_OK(read_media("flac24_24k_stereo.flac", &data, &len, &err), &err);
+	m = (g4_media) {G4_MEDIA_AUDIO, (const uint8_t *) data, len * 6 / 10};
+	rc = g4_media_prepare(&m, 1, &lim, &in, &err);
+	free(data);
+	if (rc == G4_OK)
+		g4_media_input_free(&in);
+	CHECK_MSG(rc == G4_ERR_INVALID && strstr(err.msg, "audio 1: corrupt FLAC data"), "rc %d: %s", rc, err.msg);
+}
+
+/* Media whose soft tokens pass the window are refused as soon as they do,
+ * before the remaining items are decoded (each holds its inputs until
+ * then): 300 one-pixel images, a window of 128. */
+G4_TEST(media_past_the_window_refused_before_the_rest_decode)
+{
+	const char *model = h_fixture_model();
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	char	   *img;
+	size_t		img_len;
+	g4_media	media[300];
+	g4_request	req;
+	int			i;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	h_options(&o, model);
+	o.max_model_len = 128;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	CHECK_OK(read_media("rgb_1x1.png", &img, &img_len, &err), &err);
+	for (i = 0; i < 300; i++)
+		media[i] = (g4_media) {G4_MEDIA_IMAGE, (const uint8_t *) img, img_len};
+	memset(&req, 0, sizeof(req));
+	g4_sampling_default(&req.sampling);
+	req.input_kind = G4_INPUT_TEXT;
+	req.prompt = "Describe them.";
+	req.max_tokens = 4;
+	req.max_soft_tokens = 70;
+	req.media = media;
+	req.n_media = 300;
+	CHECK(g4_seq_new(e, &req, &err) == NULL);
+	CHECK_MSG(err.code == G4_ERR_TOO_LONG && strstr(err.msg, "the first 2 media items take"), "%d: %s", err.code,
+			  err.msg);
+	free(img);
+	g4_close(e);
+}
 
 G4_TEST(media_placement_and_refusals)
 {
