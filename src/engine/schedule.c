@@ -5,7 +5,7 @@
  * Policy (one step, a budget of max_num_batched_tokens tokens):
  *  1. every admitted sequence that is decoding gets its one token;
  *  2. then the decodes' drafts (speculative.c), oldest first, from the
- *     budget and free blocks left;
+ *     budget left, and from the free blocks the prefill chunks leave;
  *  3. admitted sequences still prefilling get chunks of their prompt, oldest
  *     first, never splitting an image's block of soft tokens (its tokens
  *     attend to each other, so they must be in the pool together).  While
@@ -221,7 +221,8 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 	int			budget = e->max_batched;
 	g4_seq	  **running;
 	int		   *proposed,
-			   *item_of;
+			   *item_of,
+			   *draft_budget;
 	int			n_running = 0;
 	int			blocked = 0;
 	int			i;
@@ -234,7 +235,8 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 	running = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(g4_seq *));
 	proposed = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(int));
 	item_of = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(int));
-	if (!running || !proposed || !item_of)
+	draft_budget = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(int));
+	if (!running || !proposed || !item_of || !draft_budget)
 	{
 		rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
 		goto done;
@@ -245,12 +247,13 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 			running[n_running++] = e->seqs[i];
 		proposed[i] = 0;
 		item_of[i] = -1;
+		draft_budget[i] = 0;
 	}
 	qsort(running, (size_t) n_running, sizeof(g4_seq *), cmp_admit);
 
-	/* pass 0: each decode's token; 1: the decodes' drafts, verified in the
-	 * same step; 2: prefill chunks.  Oldest first in each, so that every
-	 * decode has its token before any sequence's drafts. */
+	/* pass 0: each decode's token; 1: the budget of the decodes' drafts,
+	 * verified in the same step; 2: prefill chunks.  Oldest first in each,
+	 * so that every decode has its token before any sequence's drafts. */
 	for (pass = 0; pass < 3; pass++)
 	{
 		if (pass == 1)
@@ -265,16 +268,12 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 				continue;		/* preempted meanwhile, or not this pass */
 			if (pass == 1)
 			{
-				int			taken = 0;
-
+				/* the budget now; the blocks after the prefill chunks */
 				if (item_of[i] >= 0 && !blocked)
-					rc = grant_drafts(e, sc, s, item_of[i], G4_MIN(proposed[i], budget), &taken);
-				if (rc != G4_OK)
 				{
-					g4_fail(err, rc, "cannot allocate KV blocks");
-					goto done;
+					draft_budget[i] = G4_MIN(proposed[i], budget);
+					budget -= draft_budget[i];
 				}
-				budget -= taken;
 				continue;
 			}
 			if (pass == 0)
@@ -309,6 +308,24 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 			s->state = pass == 0 ? G4_SEQ_DECODE : G4_SEQ_PREFILL;
 			budget -= count;
 		}
+	}
+
+	/* the drafts' blocks, from what the prefill chunks left: a draft is a
+	 * guess, so it never makes a chunk preempt anyone; budget a draft does
+	 * not get goes to admission */
+	for (i = 0; i < n_running; i++)
+	{
+		int			taken = 0;
+
+		if (draft_budget[i] <= 0 || running[i]->slot < 0)
+			continue;
+		rc = grant_drafts(e, sc, running[i], item_of[i], draft_budget[i], &taken);
+		if (rc != G4_OK)
+		{
+			g4_fail(err, rc, "cannot allocate KV blocks");
+			goto done;
+		}
+		budget += draft_budget[i] - taken;
 	}
 
 	/* admission, in arrival order */
@@ -366,6 +383,7 @@ done:
 	free(running);
 	free(proposed);
 	free(item_of);
+	free(draft_budget);
 	(void) fn;
 	(void) ctx;
 	return rc;
