@@ -610,7 +610,10 @@ decode_gif(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 
 	if (!gif)
 		return gif_error(NULL, code, err);
-	if ((rc = check_size(gif->SWidth, gif->SHeight, max_pixels, "GIF", err)) != G4_OK)
+	/* a screen already past the limit is refused before any frame is read;
+	 * an empty one is sized by its frame below */
+	if (gif->SWidth > 0 && gif->SHeight > 0 &&
+		(rc = check_size(gif->SWidth, gif->SHeight, max_pixels, "GIF", err)) != G4_OK)
 		goto done;
 	for (;;)
 	{
@@ -658,12 +661,14 @@ decode_gif(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 		break;
 	}
 	{
-		int			W = gif->SWidth,
-					H = gif->SHeight;
 		GifImageDesc *d = &gif->Image;
 		ColorMapObject *cm = d->ColorMap ? d->ColorMap : gif->SColorMap;
 		int			fw = d->Width,
 					fh = d->Height;
+		/* the canvas grows to hold a frame past the logical screen, as
+		 * PIL's does */
+		int			W = G4_MAX(gif->SWidth, d->Left + fw),
+					H = G4_MAX(gif->SHeight, d->Top + fh);
 		int			i,
 					x,
 					y;
@@ -681,6 +686,8 @@ decode_gif(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 			rc = g4_fail(err, G4_ERR_INVALID, "corrupt GIF data: a %d x %d frame", fw, fh);
 			goto done;
 		}
+		if ((rc = check_size(W, H, max_pixels, "GIF", err)) != G4_OK)
+			goto done;
 		idx = g4_malloc((size_t) W * H + (size_t) fw);
 		if (!idx)
 		{

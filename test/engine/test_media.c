@@ -10,6 +10,8 @@
  * Audio is compared sample by sample with a tolerance: the reference's
  * libsoxr build (python-soxr) and the system's may round differently.
  */
+#include <gif_lib.h>
+
 #include "harness.h"
 #include "media.h"
 #include "test.h"
@@ -523,6 +525,90 @@ G4_TEST(media_decoder_fuzz)
 }
 
 /* ---- placement ---- */
+
+/* A growing memory buffer as giflib's output. */
+typedef struct
+{
+	uint8_t		data[4096];
+	size_t		len;
+} gif_out;
+
+static int
+gif_write_mem(GifFileType *g, const GifByteType *b, int n)
+{
+	gif_out    *o = g->UserData;
+
+	if (n < 0 || o->len + (size_t) n > sizeof(o->data))
+		return 0;
+	memcpy(o->data + o->len, b, (size_t) n);
+	o->len += (size_t) n;
+	return n;
+}
+
+/* A one-frame GIF: a screen of sw x sh, a frame of fw x fh at (left, top),
+ * two colours, pixel (x, y) = (x + y) % 2. */
+static int
+make_gif(gif_out *o, int sw, int sh, int left, int top, int fw, int fh)
+{
+	GifColorType pal[2] = {{0, 0, 0}, {255, 255, 255}};
+	ColorMapObject *cm = GifMakeMapObject(2, pal);
+	int			code = 0,
+				y,
+				x,
+				ok;
+	GifFileType *g;
+	GifPixelType line[64];
+
+	o->len = 0;
+	g = EGifOpen(o, gif_write_mem, &code);
+	if (!g || !cm)
+		return 0;
+	ok = EGifPutScreenDesc(g, sw, sh, 1, 0, cm) == GIF_OK && EGifPutImageDesc(g, left, top, fw, fh, false, NULL) == GIF_OK;
+	for (y = 0; ok && y < fh; y++)
+	{
+		for (x = 0; x < fw; x++)
+			line[x] = (GifPixelType) ((x + y) % 2);
+		ok = EGifPutLine(g, line, fw) == GIF_OK;
+	}
+	GifFreeMapObject(cm);
+	return EGifCloseFile(g, &code) == GIF_OK && ok;
+}
+
+/* A GIF frame past its logical screen grows the canvas (PIL's size: the
+ * larger of the screen and the frame's extent), and an empty screen takes
+ * the frame's size. */
+G4_TEST(media_gif_frame_past_the_screen)
+{
+	static const struct
+	{
+		int			sw,
+					sh,
+					left,
+					top,
+					fw,
+					fh,
+					w,
+					h;
+	}			c[] = {{6, 5, 0, 0, 12, 10, 12, 10}, {6, 5, 3, 2, 4, 4, 7, 6}, {0, 0, 0, 0, 12, 10, 12, 10},
+		{20, 20, 1, 1, 4, 4, 20, 20}};
+	size_t		k;
+
+	for (k = 0; k < G4_ARRAY_LEN(c); k++)
+	{
+		gif_out		o;
+		g4_image	img;
+		g4_err		err;
+
+		CHECK(make_gif(&o, c[k].sw, c[k].sh, c[k].left, c[k].top, c[k].fw, c[k].fh));
+		CHECK_OK(g4_image_decode(o.data, o.len, G4_DEFAULT_MAX_IMAGE_PIXELS, &img, &err), &err);
+		CHECK_MSG(img.width == c[k].w && img.height == c[k].h, "case %zu: %d x %d, expected %d x %d", k, img.width,
+				  img.height, c[k].w, c[k].h);
+		/* the frame's pixels where it was put */
+		CHECK_INT(img.rgb[3 * ((size_t) c[k].top * img.width + c[k].left) + 1], 0);
+		CHECK_INT(img.rgb[3 * ((size_t) c[k].top * img.width + c[k].left + 1) + 1], 255);
+		g4_image_free(&img);
+	}
+}
 
 /* A FLAC cut short, or corrupt in the middle, is an error, not a shorter
  * clip (the reference, soundfile, raises "flac decoder lost sync"). */
