@@ -692,6 +692,7 @@ g4_raise_request_error(const G4WireError *e, const char *given_hint)
 			break;
 		case G4_ERR_PG_NOT_READY:
 		case G4_ERR_PG_ENGINE_DIED:
+		case G4_ERR_PG_SHUTDOWN:
 			hint = "The engine restarts automatically; retry when SELECT gemma_wait_ready() returns true.";
 			break;
 		case G4_ERR_BACKEND:
