@@ -798,12 +798,22 @@ cu_graph_begin(g4_backend *be, uint64_t tag)
 }
 
 static int
-cu_graph_end(g4_backend *be)
+cu_graph_end(g4_backend *be, int failed)
 {
 	g4_cuda    *c = g4c_of(be);
 	int			i = c->cur_graph;
 
 	c->cur_graph = -1;
+	if (failed)
+	{
+		/* an operation may fail without marking the backend failed: the
+		 * part recorded before it is not the step, and is dropped with
+		 * the sighting (the shape is recorded afresh next time) */
+		abort_capture(c);
+		if (i >= 0 && !c->graphs[i].exec)
+			memset(&c->graphs[i], 0, sizeof(c->graphs[i]));
+		return G4_OK;
+	}
 	if (c->capturing)
 	{
 		cudaGraph_t g = NULL;

@@ -244,6 +244,9 @@ typedef struct
 	 * of the step's operations and call graph_end, which replays it.  It
 	 * returns 0 when the operations must be issued as usual (the backend may
 	 * record them), followed by graph_end; a negative g4_status on failure.
+	 * graph_end's `failed` says the step stopped at a failed operation:
+	 * what was recorded of it is dropped, never kept or launched (it is
+	 * not the step).
 	 * Only for steps whose operations are a function of the step's shape and
 	 * the tag: no upload, download or sync between the two calls.  The tag
 	 * names the sequence of operations (G4_GRAPH_FORWARD for the model's
@@ -252,7 +255,7 @@ typedef struct
 	 * the step_begin before graph_begin is the step's.
 	 */
 	int			(*graph_begin) (g4_backend *be, uint64_t tag);
-	int			(*graph_end) (g4_backend *be);
+	int			(*graph_end) (g4_backend *be, int failed);
 
 	/* Token choice on the device, so only ids cross to the host: ids[i] is
 	 * the token g4_sample chooses for logits row i with rows[i]'s parameters

@@ -113,6 +113,7 @@ g4_draft_init(g4_draft *d, g4_model *assistant, const g4_model *target, int max_
 			g4_draft_free(d);
 			return g4_fail(err, G4_ERR_NOMEM, "out of %s memory for the draft model's buffers", be->ops->name);
 		}
+		d->buffer_bytes += bufs[k].bytes;
 	}
 	return G4_OK;
 }
@@ -270,7 +271,7 @@ g4_draft_round(g4_draft *d, const g4_step_meta *meta, const float *target_h, int
 	}
 	if (graphs)
 	{
-		int			rc2 = be->ops->graph_end(be);
+		int			rc2 = be->ops->graph_end(be, rc != G4_OK);
 
 		if (rc == G4_OK && rc2 != G4_OK)
 			return g4_fail(err, rc2, "%s backend: finishing a draft graph failed", be->ops->name);

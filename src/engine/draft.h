@@ -44,6 +44,7 @@ typedef struct
 	float	   *logits;			/* [R][V] the last pass's */
 	float	   *h_prev;			/* [R][B] the target's rows, then each pass's
 								 * projected state */
+	size_t		buffer_bytes;	/* the buffers above */
 } g4_draft;
 
 /* Check that the assistant fits the target (hidden size, vocabulary, the

@@ -734,8 +734,10 @@ g4_stats_get(const g4_engine *e, g4_stats *st)
 		gs->prefix_hits = e->kv.cache[g].hits;
 	}
 	st->kv_bytes_total = e->kv.bytes_total;
-	st->weight_bytes = e->model->weight_bytes;
-	st->workspace_bytes = e->ws.bytes + (e->be->ops->held_bytes ? e->be->ops->held_bytes(e->be) : 0);
+	/* the draft model's weights and buffers with the target's */
+	st->weight_bytes = e->model->weight_bytes + (e->draft.m ? e->draft.m->weight_bytes : 0);
+	st->workspace_bytes = e->ws.bytes + e->draft.buffer_bytes +
+		(e->be->ops->held_bytes ? e->be->ops->held_bytes(e->be) : 0);
 	st->live_seqs = 0;
 	st->waiting_seqs = 0;
 	for (i = 0; i < e->n_seqs; i++)

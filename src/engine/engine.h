@@ -277,8 +277,10 @@ typedef struct
 	int			n_groups;
 	g4_kv_group_stats groups[2];
 	size_t		kv_bytes_total;
-	size_t		weight_bytes;	/* model weights resident on the device */
-	size_t		workspace_bytes;	/* activations, and what the backend holds
+	size_t		weight_bytes;	/* model weights resident on the device (the
+								 * draft model's included) */
+	size_t		workspace_bytes;	/* activations (the draft model's included),
+									 * and what the backend holds
 									 * for itself (scratch, dequantised weight
 									 * copies, library workspaces) */
 	size_t		device_bytes_total; /* device memory size (0 on CPU) */

@@ -291,14 +291,14 @@ g4_model_forward(g4_model *m, g4_workspace *ws, const g4_step_meta *meta,
 			return g4_fail(err, rc, "%s backend: starting a step graph failed", be->ops->name);
 		if (rc == 1)
 		{
-			TRY(be->ops->graph_end(be));
+			TRY(be->ops->graph_end(be, 0));
 			return G4_OK;
 		}
 	}
 	rc = issue_step(m, ws, meta, extra, err);
 	if (graphs)
 	{
-		int			rc2 = be->ops->graph_end(be);
+		int			rc2 = be->ops->graph_end(be, rc != G4_OK);
 
 		if (rc == G4_OK && rc2 != G4_OK)
 			return g4_fail(err, rc2, "%s backend: finishing a step graph failed", be->ops->name);

@@ -15,7 +15,8 @@
  *	  registered first thing, turns any exit() into _exit();
  *	- restores default signal handling, and asks the kernel for SIGKILL
  *	  when the supervisor dies (PR_SET_PDEATHSIG);
- *	- closes every inherited descriptor but its socket.
+ *	- closes every inherited descriptor but its socket, and unmaps every
+ *	  writable shared mapping (PostgreSQL's shared memory);
  *
  * Loop: read every frame the supervisor sent (submissions, cancels), then
  * run one engine step over all live sequences, so requests arriving
@@ -44,9 +45,11 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
@@ -168,6 +171,7 @@ typedef struct EngineProc
 static void exit_guard(int status, void *arg);
 static void reset_signals(void);
 static int	isolate_descriptors(int sock);
+static int	drop_shared_mappings(void);
 static void fail_and_exit(EngineProc *ep, uint32 type, int code, const char *msg) pg_attribute_noreturn();
 static void out_of_memory(EngineProc *ep) pg_attribute_noreturn();
 static void load_engine(EngineProc *ep, const G4EngineConfig *cfg);
@@ -203,7 +207,7 @@ g4_engine_proc_main(int sock, const G4EngineConfig *cfg)
 		_exit(EXIT_SETUP);
 	(void) prctl(PR_SET_NAME, "gemma4 engine");
 	sock = isolate_descriptors(sock);
-	if (sock < 0 || fcntl(sock, F_SETFL, O_NONBLOCK) != 0)
+	if (sock < 0 || fcntl(sock, F_SETFL, O_NONBLOCK) != 0 || drop_shared_mappings() != 0)
 		_exit(EXIT_SETUP);
 
 	/*
@@ -282,6 +286,56 @@ isolate_descriptors(int sock)
 			(void) close(fd);
 	}
 	return sock;
+}
+
+/*
+ * Unmap every writable shared mapping inherited from the supervisor:
+ * PostgreSQL's main segment (shared_buffers among it) and the dynamic
+ * segments it had attached.  Nothing here touches them, and the media
+ * decoders read hostile input: a stray write must end this process, never
+ * reach the cluster's memory.  Read-only shared mappings (nscd's caches)
+ * stay.  Without /proc nothing is dropped; returns -1 if a munmap fails.
+ */
+static int
+drop_shared_mappings(void)
+{
+	for (;;)
+	{
+		FILE	   *f = fopen("/proc/self/maps", "r");
+		char		line[1024];
+		unsigned long lo[64],
+					hi[64];
+		int			n = 0,
+					i,
+					line_start = 1;
+
+		if (!f)
+			return 0;
+		while (n < 64 && fgets(line, sizeof(line), f))
+		{
+			unsigned long a,
+						b;
+			char		perms[8];
+			int			starts = line_start;
+
+			/* a line longer than the buffer arrives in pieces: only the
+			 * first piece describes a mapping */
+			line_start = strchr(line, '\n') != NULL;
+			if (starts && sscanf(line, "%lx-%lx %7s", &a, &b, perms) == 3 && strlen(perms) == 4 &&
+				perms[1] == 'w' && perms[3] == 's')
+			{
+				lo[n] = a;
+				hi[n] = b;
+				n++;
+			}
+		}
+		fclose(f);
+		if (n == 0)
+			return 0;
+		for (i = 0; i < n; i++)
+			if (munmap((void *) lo[i], hi[i] - lo[i]) != 0)
+				return -1;
+	}
 }
 
 /* Report a fatal condition to the supervisor and exit. */

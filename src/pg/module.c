@@ -75,6 +75,7 @@ void		_PG_init(void);
 
 static void define_session_gucs(void);
 static bool check_soft_tokens(int *newval, void **extra, GucSource source);
+static bool check_stall_timeout(int *newval, void **extra, GucSource source);
 static void define_server_gucs(void);
 static void register_supervisor(void);
 
@@ -201,6 +202,17 @@ check_soft_tokens(int *newval, void **extra, GucSource source)
 	return false;
 }
 
+/* The watchdog judges a step by its frames, and a step sends none while it
+ * runs: below a second it would kill engines doing nothing wrong. */
+static bool
+check_stall_timeout(int *newval, void **extra, GucSource source)
+{
+	if (*newval == 0 || *newval >= 1000)
+		return true;
+	GUC_check_errdetail("gemma4.engine_stall_timeout must be 0 (off) or at least 1 s.");
+	return false;
+}
+
 /* The prompt limit in bytes for a model with this context window. */
 int64
 g4_prompt_bytes_limit(int window)
@@ -231,7 +243,7 @@ define_server_gucs(void)
 							&g4_engine_stall_timeout,
 							60000, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_MS,
-							NULL, NULL, NULL);
+							check_stall_timeout, NULL, NULL);
 
 	DefineCustomStringVariable("gemma4.model_dir",
 							   "Model the worker serves: a directory (safetensors) or a .gguf file.",

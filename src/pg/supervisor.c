@@ -134,6 +134,7 @@ static void cancel_request(SupRequest *q);
 static void release_request(SupRequest *q);
 static void free_slot(int i, uint64 request_id);
 static void publish_stats(const G4WireStats *st, const char *seqs, int n);
+static void fold_engine_stats(void);
 static void bump(uint64 *counter);
 static void watch_engine(void);
 
@@ -163,8 +164,7 @@ gemma4_supervisor_main(Datum arg)
 	g4_shared->supervisor_latch = MyLatch;
 	g4_shared->supervisor_generation++;
 	g4_shared->engine_pid = 0;
-	g4_shared->have_stats = false;
-	g4_shared->n_seqs = 0;
+	fold_engine_stats();
 	for (i = 0; i < g4_shared->n_slots; i++)
 		memset(&g4_shared->slots[i], 0, sizeof(G4Slot));
 	LWLockRelease(g4_shared->lock);
@@ -275,8 +275,7 @@ supervisor_exit(int code, Datum arg)
 	g4_shared->supervisor_pid = 0;
 	g4_shared->supervisor_latch = NULL;
 	g4_shared->engine_pid = 0;
-	g4_shared->have_stats = false;
-	g4_shared->n_seqs = 0;
+	fold_engine_stats();
 	LWLockRelease(g4_shared->lock);
 	g4_set_state(G4W_STOPPED,
 				 code == 0 ? "The gemma4 supervisor stopped." : "The gemma4 supervisor exited.",
@@ -567,37 +566,8 @@ engine_exited(int status)
 		}
 	}
 
-	/* fold the dead engine's counters into the totals */
 	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
-	if (g4_shared->have_stats)
-	{
-		G4WireStats *b = &g4_shared->base;
-		G4WireStats *s = &g4_shared->stats;
-		int			j;
-
-		b->steps += s->steps;
-		b->tokens_prefilled += s->tokens_prefilled;
-		b->tokens_generated += s->tokens_generated;
-		b->batch_seqs_sum += s->batch_seqs_sum;
-		b->batch_seqs_max = Max(b->batch_seqs_max, s->batch_seqs_max);
-		b->batch_tokens_max = Max(b->batch_tokens_max, s->batch_tokens_max);
-		b->spec_drafted += s->spec_drafted;
-		b->spec_accepted += s->spec_accepted;
-		b->preemptions += s->preemptions;
-		b->prefix_hit_tokens += s->prefix_hit_tokens;
-		b->images += s->images;
-		b->audio_seconds += s->audio_seconds;
-		b->media_decode_seconds += s->media_decode_seconds;
-		b->media_embed_seconds += s->media_embed_seconds;
-		b->spec_verify_steps += s->spec_verify_steps;
-		for (j = 0; j < G4_WIRE_SPEC_POSITIONS; j++)
-		{
-			b->spec_pos_drafted[j] += s->spec_pos_drafted[j];
-			b->spec_pos_accepted[j] += s->spec_pos_accepted[j];
-		}
-	}
-	g4_shared->have_stats = false;
-	g4_shared->n_seqs = 0;
+	fold_engine_stats();
 	g4_shared->engine_pid = 0;
 	if (was_ready && !ShutdownRequestPending)
 		g4_shared->engine_restarts++;
@@ -809,9 +779,18 @@ handle_frame(uint32 type, const char *body, size_t len)
 				if (len < sizeof(st))
 					return false;
 				memcpy(&st, body, sizeof(st));
-				if (st.n_seqs < 0 ||
+				if (st.n_seqs < 0 || st.n_seqs > n_requests ||
 					len != sizeof(st) + (size_t) st.n_seqs * sizeof(G4WireSeq))
 					return false;
+				/* the views index and print these: an engine that lost
+				 * its way must not take a backend down with it */
+				if (st.n_groups < 0 || st.n_groups > (int32) lengthof(st.groups))
+					return false;
+				st.backend[sizeof(st.backend) - 1] = '\0';
+				st.device[sizeof(st.device) - 1] = '\0';
+				st.kv_dtype[sizeof(st.kv_dtype) - 1] = '\0';
+				for (int g = 0; g < st.n_groups; g++)
+					st.groups[g].name[sizeof(st.groups[g].name) - 1] = '\0';
 				publish_stats(&st, body + sizeof(st), st.n_seqs);
 				return true;
 			}
@@ -820,6 +799,46 @@ handle_frame(uint32 type, const char *body, size_t len)
 			break;
 	}
 	return false;
+}
+
+/*
+ * Fold the last engine's counters into the totals the views add them to,
+ * and forget its statistics (lock held exclusively): at an engine's death,
+ * and when a supervisor stops or starts (one that died left them), so the
+ * cumulative figures never go back.
+ */
+static void
+fold_engine_stats(void)
+{
+	if (g4_shared->have_stats)
+	{
+		G4WireStats *b = &g4_shared->base;
+		G4WireStats *s = &g4_shared->stats;
+		int			j;
+
+		b->steps += s->steps;
+		b->tokens_prefilled += s->tokens_prefilled;
+		b->tokens_generated += s->tokens_generated;
+		b->batch_seqs_sum += s->batch_seqs_sum;
+		b->batch_seqs_max = Max(b->batch_seqs_max, s->batch_seqs_max);
+		b->batch_tokens_max = Max(b->batch_tokens_max, s->batch_tokens_max);
+		b->spec_drafted += s->spec_drafted;
+		b->spec_accepted += s->spec_accepted;
+		b->preemptions += s->preemptions;
+		b->prefix_hit_tokens += s->prefix_hit_tokens;
+		b->images += s->images;
+		b->audio_seconds += s->audio_seconds;
+		b->media_decode_seconds += s->media_decode_seconds;
+		b->media_embed_seconds += s->media_embed_seconds;
+		b->spec_verify_steps += s->spec_verify_steps;
+		for (j = 0; j < G4_WIRE_SPEC_POSITIONS; j++)
+		{
+			b->spec_pos_drafted[j] += s->spec_pos_drafted[j];
+			b->spec_pos_accepted[j] += s->spec_pos_accepted[j];
+		}
+	}
+	g4_shared->have_stats = false;
+	g4_shared->n_seqs = 0;
 }
 
 /* Send what is buffered for the engine; a broken socket stops it. */

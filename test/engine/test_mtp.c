@@ -1293,6 +1293,37 @@ G4_TEST(mtp_controls)
 				"not an MTP assistant", NULL);
 }
 
+/* The memory figures count the assistant: its weights with the target's,
+ * its buffers with the workspace. */
+G4_TEST(mtp_assistant_in_the_memory_figures)
+{
+	const char *model = h_fixture_model();
+	char		abuf[4096];
+	const char *assistant;
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_stats	without,
+				with;
+
+	if (!model)
+		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
+	assistant = assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(assistant, "no assistant beside %s", model);
+	h_options(&o, model);
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	g4_stats_get(e, &without);
+	g4_close(e);
+	o.draft_model_path = assistant;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	g4_stats_get(e, &with);
+	CHECK_INT(with.weight_bytes - without.weight_bytes, e->draft.m->weight_bytes);
+	/* the CPU backend holds nothing beside what it hands out */
+	CHECK_INT(with.workspace_bytes, e->ws.bytes + e->draft.buffer_bytes);
+	CHECK(e->draft.m->weight_bytes > 0 && e->draft.buffer_bytes > 0);
+	g4_close(e);
+}
+
 /* Five sequences decoding with drafts accepted in full (k = 4) where the
  * step budget (16) holds 5 tokens plus 11 drafts: every sequence has its
  * token in every step, and only the budget the decodes leave goes to

@@ -68,6 +68,15 @@ LANGUAGE sql AS $$
     SELECT (regexp_match(pg_read_file('/proc/' || pid || '/status'), 'VmRSS:\s+(\d+) kB'))[1]::bigint
 $$;
 SELECT worker_pid AS sup_pid, engine_pid AS eng_pid FROM gemma_stats \gset
+-- the engine process holds none of PostgreSQL's shared memory: a stray
+-- write there (the media decoders read untrusted input) ends that process
+CREATE FUNCTION g4_writable_shared_mappings(pid int) RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT count(*) FROM regexp_split_to_table(pg_read_file('/proc/' || pid || '/maps'), E'\n') AS l
+    WHERE l ~ '^[0-9a-f]+-[0-9a-f]+ rw.s '
+$$;
+SELECT g4_writable_shared_mappings(:eng_pid) AS engine, g4_writable_shared_mappings(:sup_pid) > 0 AS supervisor;
+DROP FUNCTION g4_writable_shared_mappings(int);
 SELECT g4_rss_kb(:sup_pid) AS rss_before, g4_rss_kb(:eng_pid) AS eng_rss_before \gset
 SET gemma4.max_prompt_bytes = '64MB';
 SELECT length(gemma_detokenize(array_fill(1000, ARRAY[8000000]))) > 0 AS large_reply;

@@ -29,6 +29,7 @@ SET gemma4.no_such_parameter = 1;
 ALTER SYSTEM SET gemma4.kv_cache_dtype = 'fp8';
 ALTER SYSTEM SET gemma4.gpu_memory_utilization = 2;
 ALTER SYSTEM SET gemma4.backend = 'tpu';
+ALTER SYSTEM SET gemma4.engine_stall_timeout = '100ms';
 SET gemma4.request_timeout = '2s';
 SHOW gemma4.request_timeout;
 RESET gemma4.request_timeout;

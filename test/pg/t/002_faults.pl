@@ -228,6 +228,8 @@ SELECT current_setting('g4.caught')});
 {
 	my $sup_pid = $node->safe_psql('postgres', 'SELECT worker_pid FROM gemma_stats');
 	my $old = engine_pid();
+	my $counters = 'SELECT tokens_out, steps FROM gemma_stats';
+	my ($tokens_before, $steps_before) = split /\|/, $node->safe_psql('postgres', $counters);
 	# it has no database connection, so pg_terminate_backend cannot reach it
 	kill 'TERM', $sup_pid;
 	ok( $node->poll_query_until(
@@ -241,6 +243,12 @@ SELECT current_setting('g4.caught')});
 		$bystander_pid, 'supervisor terminated: an unrelated session keeps its backend');
 	is($node->safe_psql('postgres', "SELECT gemma_generate('Hello world', max_tokens => 24)"),
 		$reference, 'supervisor terminated: it serves again');
+	# the dead engine's counts stay in the totals, and the new one's add up
+	ok( $tokens_before > 0
+		  && $node->poll_query_until(
+			'postgres',
+			"SELECT tokens_out > $tokens_before AND steps > $steps_before FROM gemma_stats"),
+		"supervisor terminated: the cumulative counters go on from $tokens_before tokens, $steps_before steps");
 }
 
 # ---- the supervisor terminated while a finished stream waits for its reader ---
