@@ -622,6 +622,16 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 		fail_all(e, err, fn, ctx);
 		g4_schedule_free(&sc);
 		free(se.done);
+		/* a backend still failed once the step is over stays so (the CUDA
+		 * backend's failures last until it is made anew): a device fault,
+		 * so that the caller starts a fresh engine rather than fail every
+		 * later step */
+		{
+			g4_err		after;
+
+			if (e->be->ops->sync(e->be, &after) != G4_OK)
+				rc = G4_ERR_BACKEND;
+		}
 		return rc;
 	}
 

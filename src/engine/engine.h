@@ -399,7 +399,9 @@ void		g4_cancel(g4_engine *e, uint64_t seq_id, g4_event_fn fn, void *ctx);
 
 /* Run one scheduler step.  Returns the number of sequences still live
  * (running or waiting) or a negative g4_status on an engine-wide failure;
- * in that case every live sequence has received a G4_EV_ERROR. */
+ * in that case every live sequence has received a G4_EV_ERROR.
+ * G4_ERR_BACKEND (also when the backend is still failed after another
+ * failure) means the engine cannot go on: close it and open a new one. */
 int			g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err);
 
 /* True when g4_step has work to do. */
