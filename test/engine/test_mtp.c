@@ -39,6 +39,16 @@ assistant_of(const char *model, char *buf, size_t len)
 	return g4_is_dir(buf) ? buf : NULL;
 }
 
+/* In a test with model, abuf and assistant: skip without the fixture model,
+ * fail without the assistant written beside it. */
+#define NEED_ASSISTANT() \
+	do { \
+		if (!model) \
+			G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)"); \
+		assistant = assistant_of(model, abuf, sizeof(abuf)); \
+		CHECK_MSG(assistant, "no assistant beside %s", model); \
+	} while (0)
+
 /* Rows of a rig's prefill that keep their hidden state (and draft rows). */
 #define RIG_ROWS 4
 
@@ -337,10 +347,7 @@ G4_TEST(mtp_device_choice_matches_host_choice)
 			   *in_op;
 	draft_rows	dr;
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	CHECK_MSG(h_golden_load("mtp-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
 	CHECK_OK(g4_backend_cpu_create(2, &be, &err), &err);
 	CHECK_OK(rig_open(&r, model, assistant, be, &err), &err);
@@ -438,10 +445,7 @@ G4_TEST(mtp_mismatched_assistant_refused)
 	g4_err		err;
 	int			rc;
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	CHECK_OK(g4_backend_cpu_create(1, &be, &err), &err);
 	CHECK_OK(g4_model_load(model, be, &t, 0, &err), &err);
 	CHECK_OK(g4_model_load_assistant(assistant, be, &a, &err), &err);
@@ -606,10 +610,7 @@ check_greedy_identical(int dtype, const char *name)
 				k;
 	char		what[128];
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	h_options(&o, model);
 	o.kv_dtype = dtype;
 	run_cases(&o, 0, NULL, plain[dtype], n_plain[dtype], &st);
@@ -766,10 +767,7 @@ check_zero_acceptance(int dtype, int n_steps)
 	g4_stats	sa,
 				sb;
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
 	ids = h_ints(g4j_get(h_golden_case(&G, "past_window"), "ids"), &n_ids);
 	h_options(&o, model);
@@ -937,10 +935,7 @@ G4_TEST(mtp_ends_inside_accepted_runs)
 	const char *stops[1] = {stop};
 	int			cut;
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
 	ids = h_ints(g4j_get(h_golden_case(&G, "long"), "ids"), &n_ids);
 	h_options(&plain_o, model);
@@ -1185,10 +1180,7 @@ G4_TEST(mtp_seeded_sampling_repeats)
 	perfect_oracle orc;
 	int			k;
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
 	ids = h_ints(g4j_get(h_golden_case(&G, "code"), "ids"), &n_ids);
 	h_options(&o, model);
@@ -1238,10 +1230,7 @@ G4_TEST(mtp_controls)
 	h_run		run = {r, 0};
 	int			k;
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	h_options(&o, model);
 	o.draft_model_path = assistant;
 	h_token_request(&req, ids, 3, 8);
@@ -1306,10 +1295,7 @@ G4_TEST(mtp_assistant_in_the_memory_figures)
 	g4_stats	without,
 				with;
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	g4_stats_get(e, &without);
@@ -1347,10 +1333,7 @@ G4_TEST(mtp_every_decode_has_its_token_before_any_drafts)
 	int			k,
 				step;
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	h_options(&o, model);
 	o.draft_model_path = assistant;
 	o.num_speculative_tokens = 4;
@@ -1398,10 +1381,7 @@ G4_TEST(mtp_preemption_keeps_results_exact)
 	char		why[512];
 	int			k;
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
 	memset(&orc, 0, sizeof(orc));
 	orc.vocab = 16384;
@@ -1453,10 +1433,7 @@ G4_TEST(mtp_greedy_matches_transformers_assisted_generation)
 	g4_stats	st;
 	int			k;
 
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	assistant = assistant_of(model, abuf, sizeof(abuf));
-	CHECK_MSG(assistant, "no assistant beside %s", model);
+	NEED_ASSISTANT();
 	CHECK_MSG(h_golden_load("mtp-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
 	cases = g4j_get(g4j_root(G.doc), "assisted_generation");
 	CHECK_INT(g4j_len(cases), N_CASES);
