@@ -1048,6 +1048,11 @@ flush_replies(SupRequest *q)
 	{
 		if (q->finished)
 		{
+			/* counted once delivered whole: one the supervisor could not
+			 * deliver fails, and counts as an error only */
+			LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
+			g4_shared->finished++;
+			LWLockRelease(g4_shared->lock);
 			q->hdr->result = G4_RESULT_OK;
 			/* the backend reads the result once it sees the queue detached */
 			pg_write_barrier();
@@ -1070,7 +1075,6 @@ end_ok(SupRequest *q, const G4WireFinish *f)
 	q->hdr->prompt_tokens = f->prompt_tokens;
 	q->hdr->completion_tokens = f->completion_tokens;
 	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
-	g4_shared->finished++;
 	g4_shared->slots[q - requests].finished = true;
 	LWLockRelease(g4_shared->lock);
 }

@@ -259,6 +259,8 @@ SELECT current_setting('g4.caught')});
 # shorter answer that reads as complete.
 {
 	my $sup_pid = $node->safe_psql('postgres', 'SELECT worker_pid FROM gemma_stats');
+	my ($finished_before, $errors_before) =
+	  split /\|/, $node->safe_psql('postgres', 'SELECT finished, errors FROM gemma_stats');
 	$s->query_safe('BEGIN');
 	$s->query_safe("DECLARE c CURSOR FOR SELECT gemma_generate_stream('Hello world', max_tokens => 4000)");
 	$s->query_safe('FETCH 1 FROM c');
@@ -273,6 +275,9 @@ SELECT current_setting('g4.caught')});
 	my ($out, $err) = G4Test::finish_query($s);
 	like($err, qr/ERROR:  55000: the gemma4 worker is shutting down/,
 		'slow reader: the rest of the stream ends with an error, not a truncated answer');
+	is( $node->safe_psql('postgres', 'SELECT finished, errors FROM gemma_stats'),
+		$finished_before . '|' . ($errors_before + 1),
+		'slow reader: it counts as an error, not as finished too');
 	$s->query_safe('ROLLBACK');
 	ok( $node->poll_query_until(
 			'postgres', "SELECT worker_state = 'ready' AND worker_pid <> $sup_pid FROM gemma_stats"),
