@@ -226,6 +226,15 @@ piece_of(const g4_tokenizer *tok, int id, size_t *len)
 	return p && *len > 0 ? p : NULL;
 }
 
+/* Offset of the first piece at or after pos, before end; end when none. */
+static size_t
+find_from(const char *text, size_t pos, size_t end, const char *piece, size_t len)
+{
+	const char *at = len <= end - pos ? memmem(text + pos, end - pos, piece, len) : NULL;
+
+	return at ? (size_t) (at - text) : end;
+}
+
 /* Length of the media expansion (begin, then at least one soft token,
  * then end) starting at text + pos and ending by end, or 0. */
 static size_t
@@ -274,14 +283,7 @@ g4_chat_spans_except_media(const g4_tokenizer *tok, const g4_chat_ids *ids, cons
 		/* each kind's next begin text, found once per position passed:
 		 * one pass over the span whatever it holds */
 		for (k = 0; k < 2; k++)
-			next[k] = end;
-		for (k = 0; k < 2; k++)
-			if (usable[k] && len[k][0] <= end - pos)
-			{
-				const char *at = memmem(text + pos, end - pos, piece[k][0], len[k][0]);
-
-				next[k] = at ? (size_t) (at - text) : end;
-			}
+			next[k] = usable[k] ? find_from(text, pos, end, piece[k][0], len[k][0]) : end;
 		while (pos < end)
 		{
 			size_t		run = 0;
@@ -306,12 +308,7 @@ g4_chat_spans_except_media(const g4_tokenizer *tok, const g4_chat_ids *ids, cons
 			pos += run > 0 ? run : 1;
 			for (j = 0; j < 2; j++)
 				if (next[j] < pos)
-				{
-					const char *at = len[j][0] <= end - pos ?
-						memmem(text + pos, end - pos, piece[j][0], len[j][0]) : NULL;
-
-					next[j] = at ? (size_t) (at - text) : end;
-				}
+					next[j] = find_from(text, pos, end, piece[j][0], len[j][0]);
 		}
 		if (end > from && push_span(&out, from, end - from) != 0)
 		{

@@ -160,11 +160,21 @@ chunk_size(const g4_seq *s, int from, int want)
 	return end - from;
 }
 
+/* An admitted sequence in one step: its decode's item, and its drafts
+ * (proposed, then the budget kept for them). */
+typedef struct
+{
+	g4_seq	   *s;
+	int			item;			/* its decode's item, or -1 */
+	int			proposed;
+	int			draft_budget;
+} running_seq;
+
 static int
 cmp_admit(const void *a, const void *b)
 {
-	const g4_seq *x = *(g4_seq * const *) a;
-	const g4_seq *y = *(g4_seq * const *) b;
+	const g4_seq *x = ((const running_seq *) a)->s;
+	const g4_seq *y = ((const running_seq *) b)->s;
 
 	return x->admit_order < y->admit_order ? -1 : (x->admit_order > y->admit_order);
 }
@@ -176,13 +186,13 @@ cmp_admit(const void *a, const void *b)
  * of later arrivals could keep it short of the block for ever.
  */
 static int
-prefill_blocked(g4_seq *const *running, int n_running, int budget)
+prefill_blocked(const running_seq *running, int n_running, int budget)
 {
 	int			i;
 
 	for (i = 0; i < n_running && budget > 0; i++)
 	{
-		const g4_seq *s = running[i];
+		const g4_seq *s = running[i].s;
 		int			remaining = s->n_tok - s->n_computed;
 
 		if (s->slot >= 0 && remaining > 1 && chunk_size(s, s->n_computed, G4_MIN(remaining, budget)) <= 0)
@@ -219,10 +229,7 @@ int
 g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_err *err)
 {
 	int			budget = e->max_batched;
-	g4_seq	  **running;
-	int		   *proposed,
-			   *item_of,
-			   *draft_budget;
+	running_seq *running;
 	int			n_running = 0;
 	int			blocked = 0;
 	int			i;
@@ -232,24 +239,13 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 	sc->n_items = 0;
 	sc->n_tokens = 0;
 	sc->n_logits = 0;
-	running = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(g4_seq *));
-	proposed = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(int));
-	item_of = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(int));
-	draft_budget = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(int));
-	if (!running || !proposed || !item_of || !draft_budget)
-	{
-		rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
-		goto done;
-	}
+	running = g4_malloc((size_t) G4_MAX(e->n_seqs, 1) * sizeof(running_seq));
+	if (!running)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 	for (i = 0; i < e->n_seqs; i++)
-	{
 		if (e->seqs[i]->slot >= 0)
-			running[n_running++] = e->seqs[i];
-		proposed[i] = 0;
-		item_of[i] = -1;
-		draft_budget[i] = 0;
-	}
-	qsort(running, (size_t) n_running, sizeof(g4_seq *), cmp_admit);
+			running[n_running++] = (running_seq) {e->seqs[i], -1, 0, 0};
+	qsort(running, (size_t) n_running, sizeof(running_seq), cmp_admit);
 
 	/* pass 0: each decode's token; 1: the budget of the decodes' drafts,
 	 * verified in the same step; 2: prefill chunks.  Oldest first in each,
@@ -260,7 +256,8 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 			blocked = prefill_blocked(running, n_running, budget);
 		for (i = 0; i < n_running && budget > 0; i++)
 		{
-			g4_seq	   *s = running[i];
+			running_seq *r = &running[i];
+			g4_seq	   *s = r->s;
 			int			remaining = s->n_tok - s->n_computed;
 			int			count;
 
@@ -269,17 +266,17 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 			if (pass == 1)
 			{
 				/* the budget now; the blocks after the prefill chunks */
-				if (item_of[i] >= 0 && !blocked)
+				if (r->item >= 0 && !blocked)
 				{
-					draft_budget[i] = G4_MIN(proposed[i], budget);
-					budget -= draft_budget[i];
+					r->draft_budget = G4_MIN(r->proposed, budget);
+					budget -= r->draft_budget;
 				}
 				continue;
 			}
 			if (pass == 0)
 			{
 				/* the drafts wait for pass 1 */
-				proposed[i] = s->n_draft;
+				r->proposed = s->n_draft;
 				s->n_draft = 0;
 			}
 			count = pass == 0 ? 1 : chunk_size(s, s->n_computed, G4_MIN(remaining, budget));
@@ -304,7 +301,7 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 				goto done;
 			}
 			if (pass == 0)
-				item_of[i] = sc->n_items - 1;
+				r->item = sc->n_items - 1;
 			s->state = pass == 0 ? G4_SEQ_DECODE : G4_SEQ_PREFILL;
 			budget -= count;
 		}
@@ -315,17 +312,18 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 	 * not get goes to admission */
 	for (i = 0; i < n_running; i++)
 	{
+		running_seq *r = &running[i];
 		int			taken = 0;
 
-		if (draft_budget[i] <= 0 || running[i]->slot < 0)
+		if (r->draft_budget <= 0 || r->s->slot < 0)
 			continue;
-		rc = grant_drafts(e, sc, running[i], item_of[i], draft_budget[i], &taken);
+		rc = grant_drafts(e, sc, r->s, r->item, r->draft_budget, &taken);
 		if (rc != G4_OK)
 		{
 			g4_fail(err, rc, "cannot allocate KV blocks");
 			goto done;
 		}
-		budget += draft_budget[i] - taken;
+		budget += r->draft_budget - taken;
 	}
 
 	/* admission, in arrival order */
@@ -381,9 +379,6 @@ g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_er
 	}
 done:
 	free(running);
-	free(proposed);
-	free(item_of);
-	free(draft_budget);
 	(void) fn;
 	(void) ctx;
 	return rc;

@@ -144,6 +144,7 @@ static void build_row(Job *job, JobRow *row, HeapTuple tuple, TupleDesc desc, in
 static ArrayType *media_array(Datum value, Oid type);
 static void submit_rows(Job *job);
 static bool submit_row(JobRow *row, bool others_running);
+static bool row_waits(const JobRow *row);
 static void poll_rows(Job *job);
 static void write_outcomes(Job *job);
 static bool write_row(Job *job, JobRow *row, int64 *counts);
@@ -318,12 +319,14 @@ load_job(Job *job, Oid owner)
 		Oid			users = get_role_oid("gemma_user", true);
 
 		if (!superuser_arg(owner) && !(OidIsValid(users) && has_privs_of_role(owner, users)))
+		{
+			char	   *name = GetUserNameFromId(owner, false);
+
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-					 errmsg("the owner of gemma job " INT64_FORMAT ", %s, may not use the model", job->id,
-							GetUserNameFromId(owner, false)),
-					 errhint("GRANT gemma_user TO %s, then resume the job.",
-							 quote_identifier(GetUserNameFromId(owner, false)))));
+					 errmsg("the owner of gemma job " INT64_FORMAT ", %s, may not use the model", job->id, name),
+					 errhint("GRANT gemma_user TO %s, then resume the job.", quote_identifier(name))));
+		}
 	}
 
 	old = MemoryContextSwitchTo(job->cxt);
@@ -559,13 +562,15 @@ claim_places(Job *job)
 	if (job->in_flight == 0)
 		return Max(1, Min(places, g4_role_slots_left()));
 	for (i = 0; i < job->max_in_flight; i++)
-	{
-		JobRow	   *row = &job->rows[i];
-
-		if (row->used && !row->finished && !row->request && row->prompt != NULL)
-			waiting++;
-	}
+		waiting += row_waits(&job->rows[i]);
 	return Min(places, g4_role_slots_left() - waiting);
+}
+
+/* A row claimed, built, and not started yet (it waits for a slot). */
+static bool
+row_waits(const JobRow *row)
+{
+	return row->used && !row->finished && !row->request && row->prompt != NULL;
 }
 
 /*
@@ -740,7 +745,7 @@ submit_rows(Job *job)
 	{
 		JobRow	   *row = &job->rows[i];
 
-		if (row->used && !row->finished && !row->request && row->prompt != NULL)
+		if (row_waits(row))
 		{
 			if (!submit_row(row, running > 0))
 				break;

@@ -39,6 +39,9 @@
 
 static const char *const case_names[N_CASES] = {"one_token", "short", "past_window", "long", "code"};
 
+/* The KV dtypes by g4_kv_dtype, as the figures name them. */
+static const char *const kv_dtype_name[] = {"f32", "bf16", "turboquant_k8v4"};
+
 #define NEED_GPU_FIXTURE() \
 	const char *model = h_fixture_model(); \
 	h_golden G; \
@@ -286,7 +289,6 @@ trace_free(trace *t)
  */
 G4_TEST(gpu_model_greedy_matches_cpu)
 {
-	static const char *const dn[] = {"f32", "bf16", "turboquant_k8v4"};
 	g4_err		err;
 	int			dtype;
 
@@ -307,7 +309,7 @@ G4_TEST(gpu_model_greedy_matches_cpu)
 			double		dl;
 
 			CHECK_MSG(gt->finished[k] == 1 && ct->finished[k] == 1 && gt->logits[k] && ct->logits[k],
-					  "%s %s: a run failed", dn[dtype], case_names[k]);
+					  "%s %s: a run failed", kv_dtype_name[dtype], case_names[k]);
 			for (i = 0; i < gt->n_tok[k] && i < ct->n_tok[k] && first < 0; i++)
 				if (gt->tok[k][i] != ct->tok[k][i])
 					first = i;
@@ -316,7 +318,7 @@ G4_TEST(gpu_model_greedy_matches_cpu)
 			dl = h_max_abs_diff(gt->logits[k], ct->logits[k], V, NULL);
 			if (dtype != G4_KV_F32)
 			{
-				printf("FIGURE %-18s | %s %s: first logits max|gpu-cpu| %.3e; ", "greedy vs cpu", dn[dtype],
+				printf("FIGURE %-18s | %s %s: first logits max|gpu-cpu| %.3e; ", "greedy vs cpu", kv_dtype_name[dtype],
 					   case_names[k], dl);
 				if (first < 0)
 					printf("%d tokens identical\n", ct->n_tok[k]);
@@ -339,16 +341,16 @@ G4_TEST(gpu_model_greedy_matches_cpu)
 				double		bound = 2.0 * (ERR_FACTOR * g4j_get_num(c, "fp32_vs_fp64", 0.0) + ERR_FLOOR);
 				char		label[96];
 
-				snprintf(label, sizeof(label), "%s %s first logits max|gpu-cpu|", dn[dtype], case_names[k]);
+				snprintf(label, sizeof(label), "%s %s first logits max|gpu-cpu|", kv_dtype_name[dtype], case_names[k]);
 				printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", "logits vs cpu", label, dl, bound,
 					   dl <= bound ? "ok" : "FAIL");
-				CHECK_MSG(dl <= bound, "%s %s: first logits differ by %.3g (bound %.3g)", dn[dtype], case_names[k], dl,
+				CHECK_MSG(dl <= bound, "%s %s: first logits differ by %.3g (bound %.3g)", kv_dtype_name[dtype], case_names[k], dl,
 						  bound);
-				snprintf(label, sizeof(label), "%s %s (%d tokens; tokens differing)", dn[dtype], case_names[k],
+				snprintf(label, sizeof(label), "%s %s (%d tokens; tokens differing)", kv_dtype_name[dtype], case_names[k],
 						 ct->n_tok[k]);
 				printf("PARITY %-18s | %-44s | %10d | %8d | %s\n", "greedy vs cpu", label,
 					   first < 0 ? 0 : ct->n_tok[k] - first, 0, first < 0 ? "ok" : "FAIL");
-				CHECK_MSG(first < 0, "%s %s: greedy tokens part from the CPU's at step %d", dn[dtype], case_names[k],
+				CHECK_MSG(first < 0, "%s %s: greedy tokens part from the CPU's at step %d", kv_dtype_name[dtype], case_names[k],
 						  first);
 			}
 		}
@@ -448,7 +450,6 @@ pool_side_copy(pool_side *p, int to_pool, g4_err *err)
  */
 G4_TEST(gpu_model_quantised_pools_match_cpu_state_for_state)
 {
-	static const char *const dn[] = {"f32", "bf16", "turboquant_k8v4"};
 	g4_err		err;
 	int			dtype,
 				k;
@@ -491,7 +492,7 @@ G4_TEST(gpu_model_quantised_pools_match_cpu_state_for_state)
 			for (g = 0; g < n_layers; g++)
 				layers[g] = cpu.d.m->layers[g].kv;
 			for (g = 0; g < G4_KVG_COUNT; g++)
-				CHECK_MSG(cpu.bytes[g] == gpu.bytes[g], "%s pools of different sizes", dn[dtype]);
+				CHECK_MSG(cpu.bytes[g] == gpu.bytes[g], "%s pools of different sizes", kv_dtype_name[dtype]);
 
 			it.slot = 0;
 			it.start = 0;
@@ -512,7 +513,7 @@ G4_TEST(gpu_model_quantised_pools_match_cpu_state_for_state)
 				for (g = 0; g < G4_KVG_COUNT; g++)
 					CHECK_MSG(memcmp(cpu.d.kv.tables[g], gpu.d.kv.tables[g],
 									 (size_t) cpu.d.kv.max_blocks_per_seq * sizeof(int32_t)) == 0,
-							  "%s %s step %d: the block tables differ", dn[dtype], case_names[k], step);
+							  "%s %s step %d: the block tables differ", kv_dtype_name[dtype], case_names[k], step);
 				/* layer by layer in the model's order (see above) */
 				memset(&d, 0, sizeof(d));
 				first_layer = -1;
@@ -526,7 +527,7 @@ G4_TEST(gpu_model_quantised_pools_match_cpu_state_for_state)
 					{
 						first_layer = g;
 						CHECK_MSG(dl1.far == 0, "%s %s step %d: layer %d, the first whose stored K/V differ, holds "
-								  "%ld elements further apart than a rounding flip; the first: %s", dn[dtype],
+								  "%ld elements further apart than a rounding flip; the first: %s", kv_dtype_name[dtype],
 								  case_names[k], step, g, dl1.far, dl1.first_far);
 					}
 					d.entries += dl1.entries;
@@ -541,7 +542,7 @@ G4_TEST(gpu_model_quantised_pools_match_cpu_state_for_state)
 					same_steps++;
 					worst_same = fmax(worst_same, dl);
 					CHECK_MSG(dl <= bound, "%s %s step %d: the pools are identical, yet the logits differ by %.3g "
-							  "(bound %.3g)", dn[dtype], case_names[k], step, dl, bound);
+							  "(bound %.3g)", kv_dtype_name[dtype], case_names[k], step, dl, bound);
 				}
 				else
 				{
@@ -551,7 +552,7 @@ G4_TEST(gpu_model_quantised_pools_match_cpu_state_for_state)
 					worst_flip = fmax(worst_flip, dl);
 					printf("FIGURE %-18s | %s %s step %d: from layer %d, %ld of %ld entries differ (%ld codes and "
 						   "%ld scales one step apart, %ld elements further in later layers); logits max|gpu-cpu| "
-						   "%.3e\n", "pool flips", dn[dtype], case_names[k], step, first_layer, d.entries_differ,
+						   "%.3e\n", "pool flips", kv_dtype_name[dtype], case_names[k], step, first_layer, d.entries_differ,
 						   d.entries, d.codes_flipped, d.scales_flipped, d.far, dl);
 					for (g = 0; g < G4_KVG_COUNT; g++)
 						memcpy(gpu.img[g], cpu.img[g], cpu.bytes[g]);
@@ -560,15 +561,15 @@ G4_TEST(gpu_model_quantised_pools_match_cpu_state_for_state)
 				it.start += it.count;
 				it.count = 1;
 			}
-			snprintf(label, sizeof(label), "%s %s, %d steps (%d with flips)", dn[dtype], case_names[k], n_cont,
+			snprintf(label, sizeof(label), "%s %s, %d steps (%d with flips)", kv_dtype_name[dtype], case_names[k], n_cont,
 					 flip_steps);
 			printf("PARITY %-18s | %-44s | %10.3e | %8.1e | %s\n", "pool state parity", label, worst_same, bound,
 				   same_steps > 0 && worst_same <= bound ? "ok" : "FAIL");
 			if (flip_steps)
 				printf("FIGURE %-18s | %s %s: %ld codes and %ld scales flipped over %d steps; logits max|gpu-cpu| "
-					   "on those steps %.3e\n", "pool flips", dn[dtype], case_names[k], flips, scale_flips,
+					   "on those steps %.3e\n", "pool flips", kv_dtype_name[dtype], case_names[k], flips, scale_flips,
 					   flip_steps, worst_flip);
-			CHECK_MSG(same_steps > 0, "%s %s: no step left the pools identical", dn[dtype], case_names[k]);
+			CHECK_MSG(same_steps > 0, "%s %s: no step left the pools identical", kv_dtype_name[dtype], case_names[k]);
 			free(layers);
 			free(ids);
 			free(cont);
