@@ -561,18 +561,62 @@ mix(uint64_t h, uint64_t v)
 	return h * 0xff51afd7ed558ccdull;
 }
 
-/* Grow the pinned and device metadata buffers (never during a recording). */
-static int
-meta_reserve(g4_cuda *c, int n, int n_logits)
+/*
+ * The step's metadata arrays, each `stride` ints apart (the logit rows
+ * `lstride`), laid out from the start of d_meta: token, pos, slot, lo and hi
+ * per group, logit rows, the tile levels (stride + 1 each), tile bases, then
+ * the k_eq_v runs (fewer than stride / G4C_KEQV_TILE_MIN_RUN runs of
+ * G4C_RUN_INTS ints fit in the 4 * stride left).  The strides follow the
+ * step's own size, not the buffers' capacity, so that only what the step
+ * uses is copied (the whole buffer of a 16k-token capacity is 1.2 MB, ~50 µs
+ * of a one-token step).  A step graph keeps the views it was recorded with:
+ * its key holds n_tokens and n_logits, which fix the strides.
+ */
+static size_t
+meta_layout_ints(int stride, int lstride)
 {
-	size_t		ints;
-	int			cap = G4_MAX(n, c->cap_tokens);
-	int			capl = G4_MAX(G4_MAX(n_logits, c->cap_logits), 1);
+	return (size_t) stride * 12 + (size_t) lstride + (size_t) G4C_TPC_LEVELS * (size_t) (stride + 1);
+}
 
-	if (n <= c->cap_tokens && n_logits <= c->cap_logits && c->d_meta)
+static int
+meta_stride(int n)
+{
+	return (G4_MAX(n, 1) + 31) & ~31;
+}
+
+/* Point the device views at the layout of one step's strides. */
+static void
+meta_layout(g4_cuda *c, int stride, int lstride)
+{
+	int32_t    *d = c->d_meta;
+	size_t		s = (size_t) stride;
+	int			l;
+
+	c->d_token = d;
+	c->d_pos = d + s;
+	c->d_slot = d + 2 * s;
+	c->d_lo[0] = d + 3 * s;
+	c->d_hi[0] = d + 4 * s;
+	c->d_lo[1] = d + 5 * s;
+	c->d_hi[1] = d + 6 * s;
+	c->d_logit_rows = d + 7 * s;
+	for (l = 0; l < G4C_TPC_LEVELS; l++)
+		c->d_tiles[l] = d + 7 * s + (size_t) lstride + (size_t) l * (s + 1);
+	c->d_tile_base = d + 7 * s + (size_t) lstride + (size_t) G4C_TPC_LEVELS * (s + 1);
+	c->d_tile_runs = c->d_tile_base + s;
+}
+
+/* Grow the pinned and device metadata buffers to hold a step's layout
+ * (never during a recording). */
+static int
+meta_reserve(g4_cuda *c, int stride, int lstride)
+{
+	size_t		ints = meta_layout_ints(stride, lstride);
+
+	if (ints <= c->meta_ints && c->d_meta)
 		return G4_OK;
-	cap = G4_MAX(cap, 64);
-	ints = (size_t) cap * 12 + (size_t) capl + (size_t) G4C_TPC_LEVELS * (size_t) (cap + 1);
+	/* room for a 64-token step at least, and never less than before */
+	ints = G4_MAX(G4_MAX(ints, meta_layout_ints(64, 64)), c->meta_ints);
 	G4C_CHECK(c, cudaStreamSynchronize(c->stream));
 	graphs_drop_all(c);
 	if (c->d_meta)
@@ -581,29 +625,10 @@ meta_reserve(g4_cuda *c, int n, int n_logits)
 		cudaFreeHost(c->h_meta);
 	c->d_meta = NULL;
 	c->h_meta = NULL;
-	c->cap_tokens = c->cap_logits = 0;
+	c->meta_ints = 0;
 	G4C_CHECK(c, cudaMalloc((void **) &c->d_meta, ints * sizeof(int32_t)));
 	G4C_CHECK(c, cudaMallocHost((void **) &c->h_meta, ints * sizeof(int32_t)));
 	c->meta_ints = ints;
-	c->cap_tokens = cap;
-	c->cap_logits = capl;
-	{
-		int32_t    *d = c->d_meta;
-		int			l;
-
-		c->d_token = d;
-		c->d_pos = d + cap;
-		c->d_slot = d + 2 * (size_t) cap;
-		c->d_lo[0] = d + 3 * (size_t) cap;
-		c->d_hi[0] = d + 4 * (size_t) cap;
-		c->d_lo[1] = d + 5 * (size_t) cap;
-		c->d_hi[1] = d + 6 * (size_t) cap;
-		c->d_logit_rows = d + 7 * (size_t) cap;
-		for (l = 0; l < G4C_TPC_LEVELS; l++)
-			c->d_tiles[l] = d + 7 * (size_t) cap + (size_t) capl + (size_t) l * (size_t) (cap + 1);
-		c->d_tile_base = d + 7 * (size_t) cap + (size_t) capl + (size_t) G4C_TPC_LEVELS * (size_t) (cap + 1);
-		c->d_tile_runs = c->d_tile_base + cap;
-	}
 	return G4_OK;
 }
 
@@ -661,7 +686,8 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 {
 	g4_cuda    *c = g4c_of(be);
 	int			n = m->n_tokens;
-	int			cap;
+	int			cap,
+				lcap;
 	int32_t    *h;
 	int			g,
 				l,
@@ -680,11 +706,13 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 	}
 	if (n < 0 || m->n_logits < 0)
 		return G4_ERR_INTERNAL;
-	if (meta_reserve(c, n, m->n_logits) != G4_OK)
+	cap = meta_stride(n);
+	lcap = meta_stride(m->n_logits);
+	if (meta_reserve(c, cap, lcap) != G4_OK)
 		return c->err_code;
 	/* the previous step's copy must have left the pinned buffer */
 	G4C_CHECK(c, cudaEventSynchronize(c->meta_done));
-	cap = c->cap_tokens;
+	meta_layout(c, cap, lcap);
 	h = c->h_meta;
 	memcpy(h, m->token, (size_t) n * 4);
 	memcpy(h + cap, m->pos, (size_t) n * 4);
@@ -705,7 +733,7 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 	 * every 2^l tokens */
 	for (l = 0; l < G4C_TPC_LEVELS; l++)
 	{
-		int32_t    *tiles = h + 7 * (size_t) cap + (size_t) c->cap_logits + (size_t) l * (size_t) (cap + 1);
+		int32_t    *tiles = h + (c->d_tiles[l] - c->d_meta);
 		int			nt = 0,
 					start = 0;
 
@@ -720,7 +748,8 @@ cu_step_begin(g4_backend *be, const g4_step_meta *m)
 		c->n_tiles[l] = nt;
 	}
 	keqv_tile_runs(c, m, h + (c->d_tile_base - c->d_meta), h + (c->d_tile_runs - c->d_meta));
-	G4C_CHECK(c, cudaMemcpyAsync(c->d_meta, h, c->meta_ints * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+	G4C_CHECK(c, cudaMemcpyAsync(c->d_meta, h, meta_layout_ints(cap, lcap) * sizeof(int32_t), cudaMemcpyHostToDevice,
+								 c->stream));
 	G4C_CHECK(c, cudaEventRecord(c->meta_done, c->stream));
 	c->n_tokens = n;
 	c->n_logits = m->n_logits;

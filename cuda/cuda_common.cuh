@@ -101,13 +101,11 @@ typedef struct
 	/* the current step: host copies and fixed device buffers */
 	int			n_tokens;
 	int			n_logits;
-	int			cap_tokens;
-	int			cap_logits;
 	int32_t    *h_meta;			/* pinned */
 	int32_t    *d_meta;			/* device */
 	size_t		meta_ints;
 	cudaEvent_t meta_done;		/* the pinned buffer may be refilled */
-	/* device views into d_meta */
+	/* device views into d_meta, laid out for the current step (meta_layout) */
 	int32_t    *d_token, *d_pos, *d_slot, *d_lo[G4_KVG_COUNT], *d_hi[G4_KVG_COUNT];
 	int32_t    *d_logit_rows;
 	int32_t    *d_tiles[G4C_TPC_LEVELS];	/* first token of each tile, then n */
