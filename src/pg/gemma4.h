@@ -87,6 +87,17 @@ extern int	g4_max_queued_requests;
 extern int	g4_queue_timeout;	/* ms a request may wait for a slot */
 extern int	g4_engine_stall_timeout;	/* ms without engine progress, 0 = no watchdog */
 
+/* gemma4.untranslatable_characters */
+typedef enum
+{
+	G4_UNTRANSLATABLE_ERROR,	/* 22P05, PostgreSQL's conversion error */
+	G4_UNTRANSLATABLE_REPLACE	/* '?' in its place */
+} G4Untranslatable;
+extern int	g4_untranslatable_characters;
+
+/* encoding.c: the engine's UTF-8 as text in the database encoding */
+extern char *g4_text_to_server(const char *utf8, Size len, Size *out_len);
+
 extern int64 g4_prompt_bytes_limit(int window);
 extern void g4_slot_freed(void);
 extern void g4_check_prompt_bytes(int64 bytes, int64 limit, const char *what);

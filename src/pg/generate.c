@@ -105,7 +105,6 @@ static void build_generate(G4Build *b, FunctionCallInfo fcinfo, int *window);
 static void build_complete(G4Build *b, FunctionCallInfo fcinfo);
 static void parse_messages(G4Build *b, Jsonb *messages);
 static void parse_options(G4Build *b, Jsonb *options);
-static char *to_server(const char *data, Size len, Size *out_len);
 static text *collect_text(G4Request *r);
 static const char *finish_reason_name(int reason);
 
@@ -503,28 +502,6 @@ build_complete(G4Build *b, FunctionCallInfo fcinfo)
 	build_finish(b, g4_require_ready());
 }
 
-/*
- * UTF-8 from the engine in the database encoding (validated), as a
- * NUL-terminated string.  NUL characters, which text cannot hold, are
- * dropped.
- */
-static char *
-to_server(const char *data, Size len, Size *out_len)
-{
-	char	   *clean = palloc(len + 1);
-	Size		n = 0;
-	Size		i;
-	char	   *s;
-
-	for (i = 0; i < len; i++)
-		if (data[i] != '\0')
-			clean[n++] = data[i];
-	clean[n] = '\0';
-	s = pg_any_to_server(clean, (int) n, PG_UTF8);
-	*out_len = (s == clean) ? n : strlen(s);
-	return s;
-}
-
 /* Run a request to its end and return the content it produced. */
 static text *
 collect_text(G4Request *r)
@@ -541,7 +518,7 @@ collect_text(G4Request *r)
 		if (kind == G4_MQ_CONTENT)
 			appendBinaryStringInfo(&out, data, (int) len);
 	g4_request_finish(r);
-	s = to_server(out.data, out.len, &slen);
+	s = g4_text_to_server(out.data, out.len, &slen);
 	return cstring_to_text_with_len(s, (int) slen);
 }
 
@@ -601,7 +578,7 @@ stream_rows(FunctionCallInfo fcinfo, bool raw_completion)
 		if (kind == G4_MQ_CONTENT && len > 0)
 		{
 			Size		slen;
-			char	   *s = to_server(data, len, &slen);
+			char	   *s = g4_text_to_server(data, len, &slen);
 
 			if (slen > 0)
 				SRF_RETURN_NEXT(funcctx, PointerGetDatum(cstring_to_text_with_len(s, (int) slen)));
@@ -1213,11 +1190,11 @@ gemma_chat(PG_FUNCTION_ARGS)
 
 	initStringInfo(&json);
 	appendStringInfoString(&json, "{\"content\": ");
-	escape_json(&json, to_server(content.data, content.len, &slen));
+	escape_json(&json, g4_text_to_server(content.data, content.len, &slen));
 	if (b.req.thinking)
 	{
 		appendStringInfoString(&json, ", \"reasoning\": ");
-		escape_json(&json, to_server(reasoning.data, reasoning.len, &slen));
+		escape_json(&json, g4_text_to_server(reasoning.data, reasoning.len, &slen));
 	}
 	appendStringInfo(&json, ", \"finish_reason\": \"%s\", \"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, \"total_tokens\": %d}}",
 					 finish_reason_name(finish_reason), prompt_tokens, completion_tokens,
@@ -1261,7 +1238,7 @@ text *
 g4_answer_text(const char *utf8, Size len)
 {
 	Size		slen;
-	char	   *s = to_server(utf8, len, &slen);
+	char	   *s = g4_text_to_server(utf8, len, &slen);
 
 	return cstring_to_text_with_len(s, (int) slen);
 }

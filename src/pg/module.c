@@ -56,11 +56,18 @@ int			g4_max_tokens_limit = 0;
 int			g4_max_queued_requests = 64;
 int			g4_queue_timeout = 30000;
 int			g4_engine_stall_timeout = 60000;
+int			g4_untranslatable_characters = G4_UNTRANSLATABLE_ERROR;
 
 static const struct config_enum_entry kv_cache_dtype_options[] = {
 	{"bf16", G4_KV_BF16, false},
 	{"turboquant_k8v4", G4_KV_TURBOQUANT_K8V4, false},
 	{"f32", G4_KV_F32, false},
+	{NULL, 0, false}
+};
+
+static const struct config_enum_entry untranslatable_options[] = {
+	{"error", G4_UNTRANSLATABLE_ERROR, false},
+	{"replace", G4_UNTRANSLATABLE_REPLACE, false},
 	{NULL, 0, false}
 };
 
@@ -114,6 +121,14 @@ define_session_gucs(void)
 							1024, 0, INT_MAX,
 							PGC_USERSET, 0,
 							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("gemma4.untranslatable_characters",
+							 "What becomes of a generated character the database encoding cannot hold.",
+							 "error fails the call (22P05); replace writes '?' in its place.",
+							 &g4_untranslatable_characters,
+							 G4_UNTRANSLATABLE_ERROR, untranslatable_options,
+							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
 
 	/* superuser-set (or ALTER ROLE ... SET by a superuser): a cap users cannot lift */
 	DefineCustomIntVariable("gemma4.max_prompt_bytes",

@@ -121,11 +121,6 @@ gemma_detokenize(PG_FUNCTION_ARGS)
 			appendBinaryStringInfo(&out, data, (int) len);
 	g4_request_finish(r);
 
-	/* text cannot hold NUL characters: drop them */
-	for (i = 0, len = 0; i < out.len; i++)
-		if (out.data[i] != '\0')
-			out.data[len++] = out.data[i];
-	out.data[len] = '\0';
-	s = pg_any_to_server(out.data, (int) len, PG_UTF8);
-	PG_RETURN_TEXT_P(cstring_to_text(s));
+	s = g4_text_to_server(out.data, out.len, &len);
+	PG_RETURN_TEXT_P(cstring_to_text_with_len(s, (int) len));
 }

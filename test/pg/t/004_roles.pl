@@ -207,7 +207,8 @@ GRANT SELECT, UPDATE ON capped_docs TO capped;
 
 # ---- a database in another encoding -----------------------------------------
 # Output is converted to the database encoding; a character it cannot hold
-# fails the call with 22P05, naming both encodings.
+# fails the call with 22P05, naming both encodings, or becomes '?' where
+# gemma4.untranslatable_characters is replace.
 {
 	my $ids = $node->safe_psql('postgres', "SELECT gemma_tokenize(chr(20013))");
 	$node->safe_psql('postgres',
@@ -219,6 +220,26 @@ GRANT SELECT, UPDATE ON capped_docs TO capped;
 		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
 	like($err, qr/ERROR:  22P05: character with byte sequence 0xe4 0xb8 0xad in encoding "UTF8" has no equivalent in encoding "LATIN1"/,
 		'LATIN1 database: a character it cannot hold is an error naming the encodings');
+
+	# gemma4.untranslatable_characters = replace: '?' for each such
+	# character, the rest kept ("café 中文 ok" -> "café ?? ok")
+	my $mixed = $node->safe_psql('postgres',
+		"SELECT gemma_tokenize('caf' || chr(233) || ' ' || chr(20013) || chr(25991) || ' ok')");
+	is( $node->safe_psql(
+			'latin1', "SET gemma4.untranslatable_characters = replace; "
+			  . "SELECT encode(convert_to(gemma_detokenize('$mixed'), 'LATIN1'), 'hex')"),
+		'636166e9203f3f206f6b',
+		'LATIN1 database, replace: each character it cannot hold becomes ?, the rest is kept');
+	is( $node->safe_psql(
+			'latin1', "SET gemma4.untranslatable_characters = replace; SELECT gemma_detokenize('$ids')"),
+		'?', 'LATIN1 database, replace: an answer of one such character');
+	($ret, $out, $err) = $node->psql('latin1', "SELECT gemma_detokenize('$mixed')",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	like($err, qr/ERROR:  22P05/, 'LATIN1 database: error stays the default');
+	($ret, $out, $err) = $node->psql('latin1', "SET gemma4.untranslatable_characters = ignore",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	like($err, qr/ERROR:  22023: invalid value for parameter "gemma4.untranslatable_characters": "ignore"/,
+		'untranslatable_characters: an unknown value is refused');
 }
 
 $node->stop;
