@@ -26,6 +26,8 @@
 #define G4_PATCH_DIM (G4_PATCH_PX * G4_PATCH_PX * 3)	/* 6912 values per image token */
 #define G4_AUDIO_RATE 16000
 #define G4_AUDIO_FRAME 640		/* samples per audio token (40 ms) */
+/* samples (all channels) the audio decoder reads at a time: 256 kB */
+#define G4_AUDIO_BLOCK 65536
 
 #define G4_DEFAULT_SOFT_TOKENS 280
 /* PIL's Image.MAX_IMAGE_PIXELS (its decompression-bomb threshold) */
@@ -79,10 +81,24 @@ int			g4_image_decode(const uint8_t *data, size_t len, int64_t max_pixels, g4_im
 void		g4_image_free(g4_image *img);
 
 /* Decode WAV, FLAC, MP3 or Ogg Vorbis to mono 16 kHz; longer than
- * max_seconds (from the header when it says) fails. */
+ * max_seconds (from the header when it says) fails.  Read and resampled
+ * G4_AUDIO_BLOCK samples at a time: the file's own rate is never held
+ * whole. */
 int			g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, g4_audio *out,
 							g4_err *err);
 void		g4_audio_free(g4_audio *a);
+
+/* ---- streaming resampler to G4_AUDIO_RATE (audio_resample.c) ---- */
+
+typedef struct g4_resampler g4_resampler;
+
+/* A resampler from `rate`; expected_in (0: unknown) sizes its output. */
+int			g4_resampler_new(int rate, int64_t expected_in, g4_resampler **out, g4_err *err);
+/* The next n mono samples at the input rate (not kept after the call). */
+int			g4_resampler_push(g4_resampler *r, const float *in, int64_t n, g4_err *err);
+/* Flush: out takes the 16 kHz samples of everything pushed. */
+int			g4_resampler_finish(g4_resampler *r, g4_audio *out, g4_err *err);
+void		g4_resampler_free(g4_resampler *r);
 
 /* ---- preprocessing (media_preprocess.c) ---- */
 
