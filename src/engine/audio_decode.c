@@ -122,7 +122,8 @@ mix_to_mono(float *buf, int64_t frames, int channels)
 }
 
 int
-g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, g4_audio *out, g4_err *err)
+g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, const volatile int *cancel, g4_audio *out,
+				g4_err *err)
 {
 	SF_VIRTUAL_IO io = {mem_length, mem_seek, mem_read, mem_write, mem_tell};
 	mem_file	mf = {data, (sf_count_t) len, 0};
@@ -180,8 +181,11 @@ g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, g4_audio *o
 		goto done;
 	for (;;)
 	{
-		sf_count_t	got = sf_readf_float(sf, buf, block);
+		sf_count_t	got;
 
+		if ((rc = g4_media_poll_cancel(cancel, err)) != G4_OK)
+			goto done;
+		got = sf_readf_float(sf, buf, block);
 		if (got <= 0)
 			break;
 		if (n + got > cap - 1)

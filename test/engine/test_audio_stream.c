@@ -108,7 +108,7 @@ check_synthetic(int rate, int channels, int64_t n)
 	CHECK(wav);
 	CHECK(one_shot(frames, n, channels, rate, &want));
 	free(frames);
-	CHECK_OK(g4_audio_decode(wav, len, 600, &got, &err), &err);
+	CHECK_OK(g4_audio_decode(wav, len, 600, NULL, &got, &err), &err);
 	free(wav);
 	at = first_difference(&got, &want);
 	CHECK_MSG(at < 0, "%d Hz, %d channels, %lld frames: %lld samples (one shot %lld), first different at %lld "
@@ -179,7 +179,7 @@ G4_TEST(media_audio_streamed_fixtures_as_one_shot)
 		CHECK(one_shot(frames, n, info.channels, info.samplerate, &want));
 		free(frames);
 		CHECK_OK(g4_read_file(path, &data, &len, &err), &err);
-		CHECK_OK(g4_audio_decode((const uint8_t *) data, len, 60, &got, &err), &err);
+		CHECK_OK(g4_audio_decode((const uint8_t *) data, len, 60, NULL, &got, &err), &err);
 		free(data);
 		at = first_difference(&got, &want);
 		CHECK_MSG(at < 0, "%s: %lld samples (one shot %lld), first different at %lld", files[f], (long long) got.n,
