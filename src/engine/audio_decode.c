@@ -5,16 +5,17 @@
  * The samples are what soundfile.read(dtype="float32") gives (libsndfile's
  * normalised floats: integer PCM divided by its full scale), averaged over
  * the channels (librosa.to_mono), then resampled as librosa.resample does
- * by default: libsoxr at "high quality", round(n * 16000 / rate) output
- * samples, zero-padded to ceil(n * 16000 / rate).  The model's feature
- * extractor itself never resamples: it assumes 16 kHz.
+ * by default (audio_resample.c).  The model's feature extractor itself
+ * never resamples: it assumes 16 kHz.
+ *
+ * The file is read G4_AUDIO_BLOCK samples at a time, each block down-mixed
+ * and resampled before the next is read: besides the 16 kHz output, the
+ * decoder holds one block, whatever the file's rate and length.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <sndfile.h>
-#include <soxr.h>
 
 #include "media.h"
 #include "util.h"
@@ -99,42 +100,40 @@ sniff(const uint8_t *d, size_t n)
 	return NULL;
 }
 
-static int
-resample(const float *in, int64_t n, int rate, g4_audio *out, g4_err *err)
+/* librosa.to_mono over the frames of a block, in place: mono sample i is
+ * written over samples the frames up to i have already given. */
+static void
+mix_to_mono(float *buf, int64_t frames, int channels)
 {
-	double		ratio = (double) G4_AUDIO_RATE / rate;
-	size_t		olen = (size_t) ((double) n * ratio + 0.5);
-	size_t		total = (size_t) ceil((double) n * ratio);
-	size_t		idone = 0,
-				odone = 0;
-	soxr_io_spec_t io = soxr_io_spec(SOXR_FLOAT32_I, SOXR_FLOAT32_I);
-	soxr_quality_spec_t q = soxr_quality_spec(SOXR_HQ, 0);
-	soxr_error_t e;
+	int64_t		i;
 
-	out->samples = g4_calloc(G4_MAX(total, 1), sizeof(float));
-	if (!out->samples)
-		return g4_fail(err, G4_ERR_NOMEM, "out of memory for %zu samples", total);
-	e = soxr_oneshot(rate, G4_AUDIO_RATE, 1, in, (size_t) n, &idone, out->samples, olen, &odone, &io, &q, NULL);
-	if (e)
+	if (channels == 1)
+		return;
+	for (i = 0; i < frames; i++)
 	{
-		g4_audio_free(out);
-		return g4_fail(err, G4_ERR_INTERNAL, "resampling from %d Hz failed: %s", rate, e);
+		const float *fr = buf + i * channels;
+		float		s = 0.0f;
+		int			c;
+
+		for (c = 0; c < channels; c++)
+			s += fr[c];
+		buf[i] = s / (float) channels;
 	}
-	out->n = (int64_t) total;
-	return G4_OK;
 }
 
 int
-g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, g4_audio *out, g4_err *err)
+g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, const volatile int *cancel, g4_audio *out,
+				g4_err *err)
 {
 	SF_VIRTUAL_IO io = {mem_length, mem_seek, mem_read, mem_write, mem_tell};
 	mem_file	mf = {data, (sf_count_t) len, 0};
 	SF_INFO		info;
 	SNDFILE    *sf;
 	const char *fmt;
-	float	   *buf = NULL,
-			   *mono = NULL;
+	float	   *buf = NULL;
+	g4_resampler *rs = NULL;
 	int64_t		cap,
+				block,
 				n = 0;
 	int			rc = G4_OK;
 
@@ -154,8 +153,8 @@ g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, g4_audio *o
 					 info.samplerate);
 		goto done;
 	}
-	/* the clip is held at its own rate until resampled: 192 kHz bounds
-	 * that to 768 kB a second */
+	/* the work a second of audio costs grows with its rate: 192 kHz, the
+	 * fastest that recordings use, bounds it */
 	if (info.samplerate < 1000 || info.samplerate > 192000)
 	{
 		rc = g4_fail(err, G4_ERR_INVALID, "unsupported sample rate %d Hz (1000 to 192000)", info.samplerate);
@@ -171,87 +170,60 @@ g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, g4_audio *o
 	cap = (int64_t) (max_seconds * info.samplerate) + 1;
 	if (info.frames > 0 && info.frames < cap)
 		cap = info.frames + 1;
+	block = G4_MAX(G4_AUDIO_BLOCK / info.channels, 1);
+	buf = g4_malloc((size_t) block * info.channels * sizeof(float));
+	if (!buf)
 	{
-		int64_t		chunk = 65536;
-		int64_t		mcap = G4_MIN(cap, chunk);
+		rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
+		goto done;
+	}
+	if ((rc = g4_resampler_new(info.samplerate, info.frames > 0 ? cap - 1 : 0, &rs, err)) != G4_OK)
+		goto done;
+	for (;;)
+	{
+		sf_count_t	got;
 
-		buf = g4_malloc((size_t) chunk * info.channels * sizeof(float));
-		mono = g4_malloc((size_t) mcap * sizeof(float));
-		if (!buf || !mono)
+		if ((rc = g4_media_poll_cancel(cancel, err)) != G4_OK)
+			goto done;
+		got = sf_readf_float(sf, buf, block);
+		if (got <= 0)
+			break;
+		if (n + got > cap - 1)
 		{
-			rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
+			rc = g4_fail(err, G4_ERR_INVALID, "the %s audio lasts more than the limit of %g s (max_audio_seconds)",
+						 fmt, max_seconds);
 			goto done;
 		}
-		for (;;)
-		{
-			sf_count_t	got = sf_readf_float(sf, buf, chunk);
-			int64_t		i;
-
-			if (got <= 0)
-				break;
-			if (n + got > cap - 1)
-			{
-				rc = g4_fail(err, G4_ERR_INVALID, "the %s audio lasts more than the limit of %g s (max_audio_seconds)",
-							 fmt, max_seconds);
-				goto done;
-			}
-			if (n + got > mcap)
-			{
-				int64_t		ncap = G4_MIN(G4_MAX(mcap * 2, n + got), cap);
-				float	   *p = g4_realloc(mono, (size_t) ncap * sizeof(float));
-
-				if (!p)
-				{
-					rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
-					goto done;
-				}
-				mono = p;
-				mcap = ncap;
-			}
-			for (i = 0; i < got; i++)
-			{
-				const float *fr = buf + i * info.channels;
-				float		s = 0.0f;
-				int			c;
-
-				for (c = 0; c < info.channels; c++)
-					s += fr[c];
-				mono[n + i] = s / (float) info.channels;
-			}
-			n += got;
-		}
-		if (sf_error(sf) != SF_ERR_NO_ERROR)
-		{
-			rc = g4_fail(err, G4_ERR_INVALID, "corrupt %s data: %s", fmt, sf_strerror(sf));
+		mix_to_mono(buf, got, info.channels);
+		if ((rc = g4_resampler_push(rs, buf, got, err)) != G4_OK)
 			goto done;
-		}
-		/* a FLAC's header counts its samples exactly: fewer means the
-		 * decoder lost its way (cut short, or corrupt in the middle), an
-		 * error as soundfile reads it, not a shorter clip */
-		if (strcmp(fmt, "FLAC") == 0 && info.frames > 0 && n < info.frames)
-		{
-			rc = g4_fail(err, G4_ERR_INVALID, "corrupt FLAC data: %lld of the %lld samples its header declares",
-						 (long long) n, (long long) info.frames);
-			goto done;
-		}
+		n += got;
+	}
+	if (sf_error(sf) != SF_ERR_NO_ERROR)
+	{
+		rc = g4_fail(err, G4_ERR_INVALID, "corrupt %s data: %s", fmt, sf_strerror(sf));
+		goto done;
+	}
+	/* a FLAC's header counts its samples exactly: fewer means the decoder
+	 * lost its way (cut short, or corrupt in the middle), an error as
+	 * soundfile reads it, not a shorter clip */
+	if (strcmp(fmt, "FLAC") == 0 && info.frames > 0 && n < info.frames)
+	{
+		rc = g4_fail(err, G4_ERR_INVALID, "corrupt FLAC data: %lld of the %lld samples its header declares",
+					 (long long) n, (long long) info.frames);
+		goto done;
 	}
 	if (n == 0)
 	{
 		rc = g4_fail(err, G4_ERR_INVALID, "the %s file holds no samples", fmt);
 		goto done;
 	}
+	if ((rc = g4_resampler_finish(rs, out, err)) != G4_OK)
+		goto done;
 	out->source_seconds = (double) n / info.samplerate;
-	if (info.samplerate == G4_AUDIO_RATE)
-	{
-		out->samples = mono;
-		out->n = n;
-		mono = NULL;
-	}
-	else
-		rc = resample(mono, n, info.samplerate, out, err);
 done:
+	g4_resampler_free(rs);
 	free(buf);
-	free(mono);
 	sf_close(sf);
 	return rc;
 }

@@ -17,7 +17,9 @@
  *    does; animated WebP is refused.
  *
  * The header's width x height is checked against the pixel limit before any
- * pixel memory is allocated.
+ * pixel memory is allocated.  The caller's cancel flag is polled once per
+ * row decoded (per iMCU row of each scan for progressive JPEG, per piece of
+ * input for WebP) and once per row transposed.
  */
 #include <setjmp.h>
 #include <stdio.h>
@@ -130,7 +132,7 @@ exif_orientation(const uint8_t *t, size_t n)
  * Source pixel (sx, sy) of destination (x, y) in a W' x H' result.
  */
 static int
-apply_orientation(g4_image *img, int orientation, g4_err *err)
+apply_orientation(g4_image *img, int orientation, const volatile int *cancel, g4_err *err)
 {
 	int			w = img->width,
 				h = img->height;
@@ -139,7 +141,8 @@ apply_orientation(g4_image *img, int orientation, g4_err *err)
 				dh = swap ? w : h;
 	uint8_t    *out;
 	int			x,
-				y;
+				y,
+				rc;
 
 	if (orientation <= 1)
 		return G4_OK;
@@ -147,6 +150,12 @@ apply_orientation(g4_image *img, int orientation, g4_err *err)
 	if (!out)
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory for a %d x %d image", w, h);
 	for (y = 0; y < dh; y++)
+	{
+		if ((rc = g4_media_poll_cancel(cancel, err)) != G4_OK)
+		{
+			free(out);
+			return rc;
+		}
 		for (x = 0; x < dw; x++)
 		{
 			int			sx,
@@ -178,6 +187,7 @@ apply_orientation(g4_image *img, int orientation, g4_err *err)
 			}
 			memcpy(out + ((size_t) y * dw + x) * 3, img->rgb + ((size_t) sy * w + sx) * 3, 3);
 		}
+	}
 	free(img->rgb);
 	img->rgb = out;
 	img->width = dw;
@@ -222,12 +232,12 @@ png_on_warning(png_structp png, png_const_charp msg)
 }
 
 static int
-decode_png(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g4_err *err)
+decode_png(const uint8_t *data, size_t len, int64_t max_pixels, const volatile int *cancel, g4_image *img,
+		   g4_err *err)
 {
 	png_src		src;
 	png_structp png;
 	png_infop	info = NULL;
-	png_bytep  *volatile rows = NULL;
 	uint8_t    *volatile tmp16 = NULL;
 	volatile int rc = G4_OK;
 	volatile int orientation = 1;
@@ -257,6 +267,9 @@ decode_png(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 		png_uint_32 h = png_get_image_height(png, info);
 		int			depth = png_get_bit_depth(png, info);
 		int			type = png_get_color_type(png, info);
+		int			grey16 = type == PNG_COLOR_TYPE_GRAY && depth == 16;
+		int			passes,
+					pass;
 		png_uint_32 y;
 
 		if ((rc = check_size(w, h, max_pixels, "PNG", err)) != G4_OK)
@@ -273,12 +286,11 @@ decode_png(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 		/* alpha, and a palette's tRNS alpha, are dropped as convert("RGB") does */
 		if ((type & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS))
 			png_set_strip_alpha(png);
-		if ((type == PNG_COLOR_TYPE_GRAY || type == PNG_COLOR_TYPE_GRAY_ALPHA) &&
-			!(type == PNG_COLOR_TYPE_GRAY && depth == 16))
+		if ((type == PNG_COLOR_TYPE_GRAY || type == PNG_COLOR_TYPE_GRAY_ALPHA) && !grey16)
 			png_set_gray_to_rgb(png);
-		png_set_interlace_handling(png);
+		passes = png_set_interlace_handling(png);
 		png_read_update_info(png, info);
-		if (png_get_rowbytes(png, info) != (size_t) w * (type == PNG_COLOR_TYPE_GRAY && depth == 16 ? 2 : 3))
+		if (png_get_rowbytes(png, info) != (size_t) w * (grey16 ? 2 : 3))
 		{
 			rc = g4_fail(err, G4_ERR_INTERNAL, "unexpected PNG row layout (%zu bytes for %u pixels)",
 						 (size_t) png_get_rowbytes(png, info), (unsigned) w);
@@ -286,20 +298,21 @@ decode_png(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 		}
 		if ((rc = alloc_rgb(img, (int) w, (int) h, err)) != G4_OK)
 			goto done;
-		rows = g4_malloc(sizeof(png_bytep) * h);
-		if (!rows)
+		/* row by row, pass by pass, as png_read_image reads them, polling
+		 * cancel in between; 16-bit grey (big-endian samples) goes to the
+		 * last two thirds of each row, to be clipped and replicated there */
+		for (pass = 0; pass < passes; pass++)
+			for (y = 0; y < h; y++)
+			{
+				if ((rc = g4_media_poll_cancel(cancel, err)) != G4_OK)
+					goto done;
+				png_read_row(png, img->rgb + (size_t) y * w * 3 + (grey16 ? w : 0), NULL);
+			}
+		if (grey16)
 		{
-			rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
-			goto done;
-		}
-		if (type == PNG_COLOR_TYPE_GRAY && depth == 16)
-		{
-			/* big-endian samples decoded into the last two thirds of each
-			 * row; each is clipped to 255 and replicated (the mode "I;16"
+			/* each sample is clipped to 255 and replicated (the mode "I;16"
 			 * conversion), walking the row through a copy since the RGB
 			 * output overtakes its source */
-			uint8_t    *buf = img->rgb;
-
 			tmp16 = g4_malloc((size_t) w * 2);
 			if (!tmp16)
 			{
@@ -307,14 +320,11 @@ decode_png(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 				goto done;
 			}
 			for (y = 0; y < h; y++)
-				rows[y] = buf + (size_t) y * w * 3 + w;
-			png_read_image(png, rows);
-			for (y = 0; y < h; y++)
 			{
-				uint8_t    *dst = buf + (size_t) y * w * 3;
+				uint8_t    *dst = img->rgb + (size_t) y * w * 3;
 				png_uint_32 x;
 
-				memcpy(tmp16, rows[y], (size_t) w * 2);
+				memcpy(tmp16, dst + w, (size_t) w * 2);
 				for (x = 0; x < w; x++)
 				{
 					unsigned	v16 = (unsigned) tmp16[2 * x] << 8 | tmp16[2 * x + 1];
@@ -323,12 +333,6 @@ decode_png(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 					dst[3 * x] = dst[3 * x + 1] = dst[3 * x + 2] = v;
 				}
 			}
-		}
-		else
-		{
-			for (y = 0; y < h; y++)
-				rows[y] = img->rgb + (size_t) y * w * 3;
-			png_read_image(png, rows);
 		}
 		png_read_end(png, info);
 #ifdef PNG_eXIf_SUPPORTED
@@ -342,11 +346,10 @@ decode_png(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 #endif
 	}
 done:
-	free(rows);
 	free(tmp16);
 	png_destroy_read_struct(&png, &info, NULL);
 	if (rc == G4_OK)
-		rc = apply_orientation(img, orientation, err);
+		rc = apply_orientation(img, orientation, cancel, err);
 	if (rc != G4_OK)
 		g4_image_free(img);
 	return rc;
@@ -367,6 +370,9 @@ typedef struct
 	jmp_buf		jb;
 	int			truncated;
 	int			too_many_scans;
+	const volatile int *cancel;
+	g4_err	   *err;
+	int			cancelled;
 } jpeg_errors;
 
 static void
@@ -377,7 +383,9 @@ jpeg_on_error(j_common_ptr cinfo)
 	longjmp(e->jb, 1);
 }
 
-/* Called as the input is consumed: stop at the scan limit. */
+/* Called once per iMCU row of each scan as jpeg_start_decompress takes in
+ * a progressive file, and once per jpeg_read_scanlines call: stop at the
+ * scan limit, or when cancelled. */
 static void
 jpeg_on_progress(j_common_ptr cinfo)
 {
@@ -386,6 +394,11 @@ jpeg_on_progress(j_common_ptr cinfo)
 	if (cinfo->is_decompressor && ((j_decompress_ptr) cinfo)->input_scan_number > JPEG_MAX_SCANS)
 	{
 		e->too_many_scans = 1;
+		longjmp(e->jb, 1);
+	}
+	if (g4_media_poll_cancel(e->cancel, e->err) != G4_OK)
+	{
+		e->cancelled = 1;
 		longjmp(e->jb, 1);
 	}
 }
@@ -402,7 +415,8 @@ jpeg_on_message(j_common_ptr cinfo, int level)
 }
 
 static int
-decode_jpeg(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g4_err *err)
+decode_jpeg(const uint8_t *data, size_t len, int64_t max_pixels, const volatile int *cancel, g4_image *img,
+			g4_err *err)
 {
 	struct jpeg_decompress_struct cinfo;
 	jpeg_errors je;
@@ -416,12 +430,17 @@ decode_jpeg(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, 
 	je.pub.emit_message = jpeg_on_message;
 	je.truncated = 0;
 	je.too_many_scans = 0;
+	je.cancel = cancel;
+	je.err = err;
+	je.cancelled = 0;
 	memset(&je.progress, 0, sizeof(je.progress));
 	je.progress.progress_monitor = jpeg_on_progress;
 	if (setjmp(je.jb))
 	{
 		char		msg[JMSG_LENGTH_MAX];
 
+		if (rc == G4_OK && je.cancelled)
+			rc = G4_ERR_CANCELLED;	/* err set by jpeg_on_progress */
 		if (rc == G4_OK && je.too_many_scans)
 			rc = g4_fail(err, G4_ERR_INVALID, "the JPEG has more than %d scans", JPEG_MAX_SCANS);
 		if (rc == G4_OK)
@@ -505,7 +524,7 @@ done:
 	free(row);
 	jpeg_destroy_decompress(&cinfo);
 	if (rc == G4_OK)
-		rc = apply_orientation(img, orientation, err);
+		rc = apply_orientation(img, orientation, cancel, err);
 	if (rc != G4_OK)
 		g4_image_free(img);
 	return rc;
@@ -535,8 +554,46 @@ webp_exif(const uint8_t *data, size_t len, size_t *n)
 	return NULL;
 }
 
+/* Bytes of a WebP handed to its decoder at a time: at a photograph's
+ * compression some hundred thousand pixels, under a millisecond. */
+#define WEBP_PIECE 16384
+
+/* WebPDecode has no progress hook: the incremental decoder, given the
+ * file a piece more at a time (in place, no copy), decodes what each
+ * piece completes and lets cancel be polled in between.  Its pixels are
+ * WebPDecodeRGBInto's. */
 static int
-decode_webp(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g4_err *err)
+decode_webp_pixels(const uint8_t *data, size_t len, const volatile int *cancel, g4_image *img, g4_err *err)
+{
+	WebPIDecoder *idec = WebPINewRGB(MODE_RGB, img->rgb, (size_t) img->width * img->height * 3, img->width * 3);
+	size_t		fed = 0;
+	int			rc = G4_OK;
+
+	if (!idec)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	for (;;)
+	{
+		VP8StatusCode st;
+
+		if ((rc = g4_media_poll_cancel(cancel, err)) != G4_OK)
+			break;
+		fed = G4_MIN(len, fed + WEBP_PIECE);
+		st = WebPIUpdate(idec, data, fed);
+		if (st == VP8_STATUS_OK)
+			break;
+		if (st != VP8_STATUS_SUSPENDED || fed == len)
+		{
+			rc = g4_fail(err, G4_ERR_INVALID, "corrupt or truncated WebP data");
+			break;
+		}
+	}
+	WebPIDelete(idec);
+	return rc;
+}
+
+static int
+decode_webp(const uint8_t *data, size_t len, int64_t max_pixels, const volatile int *cancel, g4_image *img,
+			g4_err *err)
 {
 	WebPBitstreamFeatures f;
 	const uint8_t *exif;
@@ -558,13 +615,10 @@ decode_webp(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, 
 		return rc;
 	if ((rc = alloc_rgb(img, f.width, f.height, err)) != G4_OK)
 		return rc;
-	if (!WebPDecodeRGBInto(data, len, img->rgb, (size_t) f.width * f.height * 3, f.width * 3))
-	{
-		g4_image_free(img);
-		return g4_fail(err, G4_ERR_INVALID, "corrupt or truncated WebP data");
-	}
+	rc = decode_webp_pixels(data, len, cancel, img, err);
 	exif = webp_exif(data, len, &exif_n);
-	rc = apply_orientation(img, exif ? exif_orientation(exif, exif_n) : 1, err);
+	if (rc == G4_OK)
+		rc = apply_orientation(img, exif ? exif_orientation(exif, exif_n) : 1, cancel, err);
 	if (rc != G4_OK)
 		g4_image_free(img);
 	return rc;
@@ -599,7 +653,8 @@ gif_error(GifFileType *gif, int code, g4_err *err)
 }
 
 static int
-decode_gif(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g4_err *err)
+decode_gif(const uint8_t *data, size_t len, int64_t max_pixels, const volatile int *cancel, g4_image *img,
+		   g4_err *err)
 {
 	gif_src		src = {data, len, 0};
 	int			code = 0;
@@ -702,6 +757,8 @@ decode_gif(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 			{
 				int			dy = d->Top + y;
 
+				if ((rc = g4_media_poll_cancel(cancel, err)) != G4_OK)
+					goto done;
 				if (DGifGetLine(gif, line, fw) == GIF_ERROR)
 				{
 					rc = gif_error(gif, gif->Error, err);
@@ -715,14 +772,20 @@ decode_gif(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *img, g
 			}
 		if ((rc = alloc_rgb(img, W, H, err)) != G4_OK)
 			goto done;
-		for (i = 0; i < W * H; i++)
+		for (y = 0; y < H; y++)
 		{
-			int			c = idx[i];
-			GifColorType col = c < cm->ColorCount ? cm->Colors[c] : (GifColorType) {0, 0, 0};
+			if ((rc = g4_media_poll_cancel(cancel, err)) != G4_OK)
+				goto done;
+			for (x = 0; x < W; x++)
+			{
+				size_t		at = (size_t) y * W + x;
+				int			c = idx[at];
+				GifColorType col = c < cm->ColorCount ? cm->Colors[c] : (GifColorType) {0, 0, 0};
 
-			img->rgb[3 * i] = col.Red;
-			img->rgb[3 * i + 1] = col.Green;
-			img->rgb[3 * i + 2] = col.Blue;
+				img->rgb[3 * at] = col.Red;
+				img->rgb[3 * at + 1] = col.Green;
+				img->rgb[3 * at + 2] = col.Blue;
+			}
 		}
 	}
 done:
@@ -734,18 +797,19 @@ done:
 }
 
 int
-g4_image_decode(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *out, g4_err *err)
+g4_image_decode(const uint8_t *data, size_t len, int64_t max_pixels, const volatile int *cancel, g4_image *out,
+				g4_err *err)
 {
 	memset(out, 0, sizeof(*out));
 	if (!data || len == 0)
 		return g4_fail(err, G4_ERR_INVALID, "the file is empty");
 	if (len >= 8 && memcmp(data, "\x89PNG\r\n\x1a\n", 8) == 0)
-		return decode_png(data, len, max_pixels, out, err);
+		return decode_png(data, len, max_pixels, cancel, out, err);
 	if (len >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF)
-		return decode_jpeg(data, len, max_pixels, out, err);
+		return decode_jpeg(data, len, max_pixels, cancel, out, err);
 	if (len >= 12 && memcmp(data, "RIFF", 4) == 0 && memcmp(data + 8, "WEBP", 4) == 0)
-		return decode_webp(data, len, max_pixels, out, err);
+		return decode_webp(data, len, max_pixels, cancel, out, err);
 	if (len >= 6 && (memcmp(data, "GIF87a", 6) == 0 || memcmp(data, "GIF89a", 6) == 0))
-		return decode_gif(data, len, max_pixels, out, err);
+		return decode_gif(data, len, max_pixels, cancel, out, err);
 	return g4_fail(err, G4_ERR_INVALID, "unsupported image format (PNG, JPEG, WebP and GIF are read)");
 }

@@ -12,7 +12,11 @@
  * the antialiased bicubic resize on uint8, x * float(1/255), 48 x 48 patches
  * with their (x, y) block positions; 640-sample audio frames.
  *
- * Everything here is pure and thread-safe: no engine, no backend.
+ * Everything here is pure and thread-safe: no engine, no backend.  The
+ * functions that take a `cancel` flag (NULL: none) poll it once per row of
+ * pixels or block of samples, so that a request cancelled in the middle of
+ * a large item stops within about a millisecond of work, with
+ * G4_ERR_CANCELLED and everything freed.
  */
 #ifndef G4_MEDIA_H
 #define G4_MEDIA_H
@@ -26,6 +30,8 @@
 #define G4_PATCH_DIM (G4_PATCH_PX * G4_PATCH_PX * 3)	/* 6912 values per image token */
 #define G4_AUDIO_RATE 16000
 #define G4_AUDIO_FRAME 640		/* samples per audio token (40 ms) */
+/* samples (all channels) the audio decoder reads at a time: 256 kB */
+#define G4_AUDIO_BLOCK 65536
 
 #define G4_DEFAULT_SOFT_TOKENS 280
 /* PIL's Image.MAX_IMAGE_PIXELS (its decompression-bomb threshold) */
@@ -74,17 +80,34 @@ int			g4_media_limits_from_request(const g4_request *req, g4_media_limits *lim, 
 
 /* Decode PNG, JPEG, WebP or GIF (first frame).  The pixel count is checked
  * against max_pixels from the header, before any pixel memory is taken. */
-int			g4_image_decode(const uint8_t *data, size_t len, int64_t max_pixels, g4_image *out,
-							g4_err *err);
+int			g4_image_decode(const uint8_t *data, size_t len, int64_t max_pixels,
+							const volatile int *cancel, g4_image *out, g4_err *err);
 void		g4_image_free(g4_image *img);
 
 /* Decode WAV, FLAC, MP3 or Ogg Vorbis to mono 16 kHz; longer than
- * max_seconds (from the header when it says) fails. */
-int			g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, g4_audio *out,
-							g4_err *err);
+ * max_seconds (from the header when it says) fails.  Read and resampled
+ * G4_AUDIO_BLOCK samples at a time: the file's own rate is never held
+ * whole. */
+int			g4_audio_decode(const uint8_t *data, size_t len, double max_seconds,
+							const volatile int *cancel, g4_audio *out, g4_err *err);
 void		g4_audio_free(g4_audio *a);
 
+/* ---- streaming resampler to G4_AUDIO_RATE (audio_resample.c) ---- */
+
+typedef struct g4_resampler g4_resampler;
+
+/* A resampler from `rate`; expected_in (0: unknown) sizes its output. */
+int			g4_resampler_new(int rate, int64_t expected_in, g4_resampler **out, g4_err *err);
+/* The next n mono samples at the input rate (not kept after the call). */
+int			g4_resampler_push(g4_resampler *r, const float *in, int64_t n, g4_err *err);
+/* Flush: out takes the 16 kHz samples of everything pushed. */
+int			g4_resampler_finish(g4_resampler *r, g4_audio *out, g4_err *err);
+void		g4_resampler_free(g4_resampler *r);
+
 /* ---- preprocessing (media_preprocess.c) ---- */
+
+/* G4_ERR_CANCELLED, with a message, once *cancel is set (NULL: never). */
+int			g4_media_poll_cancel(const volatile int *cancel, g4_err *err);
 
 /* get_aspect_ratio_preserving_size: the resized height and width (multiples
  * of 48) for a soft-token budget. */
@@ -94,10 +117,12 @@ int			g4_image_target_size(int height, int width, int max_soft_tokens, int *out_
 /* Antialiased bicubic resize of 8-bit RGB (torch's uint8 kernel: Keys
  * a = -0.5 weights scaled to int16 fixed point, horizontal pass then
  * vertical, each rounded to uint8). */
-int			g4_image_resize(const g4_image *in, int height, int width, g4_image *out, g4_err *err);
+int			g4_image_resize(const g4_image *in, int height, int width, const volatile int *cancel,
+							g4_image *out, g4_err *err);
 
 /* Resize to the budget, rescale and cut into patches with positions. */
-int			g4_image_to_input(const g4_image *img, int max_soft_tokens, g4_media_input *out, g4_err *err);
+int			g4_image_to_input(const g4_image *img, int max_soft_tokens, const volatile int *cancel,
+							  g4_media_input *out, g4_err *err);
 
 /* Frame audio into 640-sample tokens, zero-padding the last. */
 int			g4_audio_to_input(const g4_audio *a, g4_media_input *out, g4_err *err);
@@ -106,7 +131,7 @@ int			g4_audio_to_input(const g4_audio *a, g4_media_input *out, g4_err *err);
  * index among the items of its kind; error messages start with "image N: "
  * or "audio N: ". */
 int			g4_media_prepare(const g4_media *m, int number, const g4_media_limits *lim,
-							 g4_media_input *out, g4_err *err);
+							 const volatile int *cancel, g4_media_input *out, g4_err *err);
 void		g4_media_input_free(g4_media_input *in);
 
 #endif

@@ -47,6 +47,14 @@ g4_media_limits_from_request(const g4_request *req, g4_media_limits *lim, g4_err
 }
 
 int
+g4_media_poll_cancel(const volatile int *cancel, g4_err *err)
+{
+	if (cancel && *cancel)
+		return g4_fail(err, G4_ERR_CANCELLED, "cancelled");
+	return G4_OK;
+}
+
+int
 g4_image_target_size(int height, int width, int max_soft_tokens, int *out_h, int *out_w, g4_err *err)
 {
 	/* max_patches = budget * 3^2 patches of 16 px */
@@ -183,7 +191,8 @@ clamp_u8(int32_t v)
 
 /* One pass along x (horizontal) or y: src is sw x sh, dst dw x dh. */
 static int
-resize_pass(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh, int horizontal, g4_err *err)
+resize_pass(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh, int horizontal,
+			const volatile int *cancel, g4_err *err)
 {
 	resize_taps t;
 	int			x,
@@ -195,6 +204,9 @@ resize_pass(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh, in
 	if (rc != G4_OK)
 		return rc;
 	for (y = 0; y < dh; y++)
+	{
+		if ((rc = g4_media_poll_cancel(cancel, err)) != G4_OK)
+			break;
 		for (x = 0; x < dw; x++)
 		{
 			int			o = horizontal ? x : y;
@@ -214,12 +226,14 @@ resize_pass(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh, in
 				dst[((size_t) y * dw + x) * 3 + c] = clamp_u8(acc >> t.precision);
 			}
 		}
+	}
 	taps_free(&t);
-	return G4_OK;
+	return rc;
 }
 
 int
-g4_image_resize(const g4_image *in, int height, int width, g4_image *out, g4_err *err)
+g4_image_resize(const g4_image *in, int height, int width, const volatile int *cancel, g4_image *out,
+				g4_err *err)
 {
 	uint8_t    *mid = NULL;
 	const uint8_t *src = in->rgb;
@@ -241,14 +255,14 @@ g4_image_resize(const g4_image *in, int height, int width, g4_image *out, g4_err
 			g4_image_free(out);
 			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 		}
-		if ((rc = resize_pass(src, in->width, in->height, dst, width, in->height, 1, err)) != G4_OK)
+		if ((rc = resize_pass(src, in->width, in->height, dst, width, in->height, 1, cancel, err)) != G4_OK)
 			goto fail;
 		src = dst;
 		sw = width;
 	}
 	if (height != in->height)
 	{
-		if ((rc = resize_pass(src, sw, in->height, out->rgb, width, height, 0, err)) != G4_OK)
+		if ((rc = resize_pass(src, sw, in->height, out->rgb, width, height, 0, cancel, err)) != G4_OK)
 			goto fail;
 	}
 	else if (width == in->width)
@@ -274,7 +288,8 @@ g4_media_input_free(g4_media_input *in)
 }
 
 int
-g4_image_to_input(const g4_image *img, int max_soft_tokens, g4_media_input *out, g4_err *err)
+g4_image_to_input(const g4_image *img, int max_soft_tokens, const volatile int *cancel, g4_media_input *out,
+				  g4_err *err)
 {
 	g4_image	rs = {0, 0, NULL};
 	const g4_image *src = img;
@@ -293,7 +308,7 @@ g4_image_to_input(const g4_image *img, int max_soft_tokens, g4_media_input *out,
 		return rc;
 	if (th != img->height || tw != img->width)
 	{
-		if ((rc = g4_image_resize(img, th, tw, &rs, err)) != G4_OK)
+		if ((rc = g4_image_resize(img, th, tw, cancel, &rs, err)) != G4_OK)
 			return rc;
 		src = &rs;
 	}
@@ -347,7 +362,8 @@ g4_audio_to_input(const g4_audio *a, g4_media_input *out, g4_err *err)
 }
 
 int
-g4_media_prepare(const g4_media *m, int number, const g4_media_limits *lim, g4_media_input *out, g4_err *err)
+g4_media_prepare(const g4_media *m, int number, const g4_media_limits *lim, const volatile int *cancel,
+				 g4_media_input *out, g4_err *err)
 {
 	double		t0 = g4_now();
 	int			rc;
@@ -357,10 +373,10 @@ g4_media_prepare(const g4_media *m, int number, const g4_media_limits *lim, g4_m
 	{
 		g4_image	img;
 
-		rc = g4_image_decode(m->data, m->len, lim->max_image_pixels, &img, err);
+		rc = g4_image_decode(m->data, m->len, lim->max_image_pixels, cancel, &img, err);
 		if (rc == G4_OK)
 		{
-			rc = g4_image_to_input(&img, lim->max_soft_tokens, out, err);
+			rc = g4_image_to_input(&img, lim->max_soft_tokens, cancel, out, err);
 			g4_image_free(&img);
 		}
 		if (rc != G4_OK)
@@ -370,7 +386,7 @@ g4_media_prepare(const g4_media *m, int number, const g4_media_limits *lim, g4_m
 	{
 		g4_audio	a;
 
-		rc = g4_audio_decode(m->data, m->len, lim->max_audio_seconds, &a, err);
+		rc = g4_audio_decode(m->data, m->len, lim->max_audio_seconds, cancel, &a, err);
 		if (rc == G4_OK)
 		{
 			rc = g4_audio_to_input(&a, out, err);

@@ -159,13 +159,13 @@ build_media_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const v
 	if (!s->media_in)
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 	number[0] = number[1] = 0;
+	/* cancel is polled inside each item (a row of pixels, a block of
+	 * samples at a time), before its first row too */
 	for (i = 0; i < n; i++)
 	{
 		int			kind = req->media[i].kind;
 
-		if (cancel && *cancel)
-			return g4_fail(err, G4_ERR_CANCELLED, "cancelled while decoding media");
-		if ((rc = g4_media_prepare(&req->media[i], ++number[kind], &lim, &s->media_in[i], err)) != G4_OK)
+		if ((rc = g4_media_prepare(&req->media[i], ++number[kind], &lim, cancel, &s->media_in[i], err)) != G4_OK)
 			return rc;
 		s->n_media_in = i + 1;
 		/* each item holds its soft tokens' inputs until the prompt is

@@ -306,3 +306,44 @@ h_fnv1a64_file(const char *path)
 	fclose(f);
 	return h;
 }
+
+static void
+put_le(uint8_t *p, uint32_t v, int bytes)
+{
+	int			i;
+
+	for (i = 0; i < bytes; i++)
+		p[i] = (uint8_t) (v >> (8 * i));
+}
+
+uint8_t *
+h_float_wav(const float *frames, int64_t n, int channels, int rate, size_t *len)
+{
+	uint32_t	data = (uint32_t) ((size_t) n * channels * sizeof(float));
+	uint8_t    *w = malloc(44 + (size_t) data);
+	int64_t		i;
+
+	if (!w)
+		return NULL;
+	memcpy(w, "RIFF", 4);
+	put_le(w + 4, 36 + data, 4);
+	memcpy(w + 8, "WAVEfmt ", 8);
+	put_le(w + 16, 16, 4);
+	put_le(w + 20, 3, 2);		/* WAVE_FORMAT_IEEE_FLOAT */
+	put_le(w + 22, (uint32_t) channels, 2);
+	put_le(w + 24, (uint32_t) rate, 4);
+	put_le(w + 28, (uint32_t) rate * channels * 4, 4);
+	put_le(w + 32, (uint32_t) channels * 4, 2);
+	put_le(w + 34, 32, 2);
+	memcpy(w + 36, "data", 4);
+	put_le(w + 40, data, 4);
+	for (i = 0; i < n * channels; i++)
+	{
+		uint32_t	bits;
+
+		memcpy(&bits, &frames[i], 4);
+		put_le(w + 44 + 4 * i, bits, 4);
+	}
+	*len = 44 + (size_t) data;
+	return w;
+}

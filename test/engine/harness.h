@@ -81,4 +81,8 @@ double		h_max_abs_diff(const float *a, const float *b, int n, double *max_ref);
 /* FNV-1a 64 of a file; 0 when unreadable */
 uint64_t	h_fnv1a64_file(const char *path);
 
+/* An in-memory WAV (32-bit float) of n interleaved frames, malloc'd; NULL
+ * when out of memory. */
+uint8_t    *h_float_wav(const float *frames, int64_t n, int channels, int rate, size_t *len);
+
 #endif

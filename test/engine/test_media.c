@@ -11,8 +11,10 @@
  * libsoxr build (python-soxr) and the system's may round differently.
  */
 #include <gif_lib.h>
+#include <webp/decode.h>
 
 #include "harness.h"
+#include "image_encode.h"
 #include "media.h"
 #include "test.h"
 #include "xorshift.h"
@@ -77,7 +79,7 @@ G4_TEST(media_image_preprocessing_matches_transformers)
 		uint8_t    *u8;
 
 		CHECK_OK(read_media(file, &data, &len, &err), &err);
-		CHECK_OK(g4_image_decode((const uint8_t *) data, len, G4_DEFAULT_MAX_IMAGE_PIXELS, &img, &err), &err);
+		CHECK_OK(g4_image_decode((const uint8_t *) data, len, G4_DEFAULT_MAX_IMAGE_PIXELS, NULL, &img, &err), &err);
 		free(data);
 		CHECK_MSG(img.width == g4j_get_int(c, "decoded_w", -1) && img.height == g4j_get_int(c, "decoded_h", -1),
 				  "%s: decoded %d x %d, PIL %lld x %lld", file, img.width, img.height,
@@ -87,7 +89,7 @@ G4_TEST(media_image_preprocessing_matches_transformers)
 		CHECK_OK(g4_image_target_size(img.height, img.width, budget, &th, &tw, &err), &err);
 		CHECK_INT(tw, g4j_get_int(c, "resized_w", -1));
 		CHECK_INT(th, g4j_get_int(c, "resized_h", -1));
-		CHECK_OK(g4_image_to_input(&img, budget, &in, &err), &err);
+		CHECK_OK(g4_image_to_input(&img, budget, NULL, &in, &err), &err);
 		CHECK_INT(in.n_tokens, g4j_get_int(c, "n_tokens", -1));
 		for (t = 0; t < in.n_tokens; t++)
 			CHECK_MSG(in.pos[2 * t] == t % (tw / 48) && in.pos[2 * t + 1] == t / (tw / 48),
@@ -140,7 +142,7 @@ G4_TEST(media_audio_preprocessing_matches_transformers)
 					mref;
 
 		CHECK_OK(read_media(file, &data, &len, &err), &err);
-		CHECK_OK(g4_audio_decode((const uint8_t *) data, len, 60, &a, &err), &err);
+		CHECK_OK(g4_audio_decode((const uint8_t *) data, len, 60, NULL, &a, &err), &err);
 		free(data);
 		CHECK_MSG(a.n == n, "%s: %lld samples at 16 kHz, the reference %lld", file, (long long) a.n, (long long) n);
 		d = h_max_abs_diff(a.samples, ref, (int) n, &mref);
@@ -370,7 +372,7 @@ G4_TEST(media_bad_files_fail_clearly)
 		m.data = (const uint8_t *) data;
 		m.len = len;
 		memset(&err, 0, sizeof(err));
-		rc = g4_media_prepare(&m, 1, &lim, &in, &err);
+		rc = g4_media_prepare(&m, 1, &lim, NULL, &in, &err);
 		free(data);
 		CHECK_MSG(rc == G4_ERR_INVALID && strstr(err.msg, b->message),
 				  "%s: rc %d \"%s\", expected G4_ERR_INVALID with \"%s\"", b->file, rc, err.msg, b->message);
@@ -403,7 +405,7 @@ G4_TEST(media_ten_hour_wav_refused)
 	m.kind = G4_MEDIA_AUDIO;
 	m.data = w;
 	m.len = 44 + (size_t) n;
-	rc = g4_media_prepare(&m, 1, &lim, &in, &err);
+	rc = g4_media_prepare(&m, 1, &lim, NULL, &in, &err);
 	free(w);
 	CHECK_MSG(rc == G4_ERR_INVALID && strstr(err.msg, "audio 1: the WAV audio lasts 36000.0 s, more than the limit of 600 s"),
 			  "rc %d: %s", rc, err.msg);
@@ -435,11 +437,11 @@ G4_TEST(media_limits_apply)
 	m.kind = G4_MEDIA_IMAGE;
 	m.data = (const uint8_t *) data;
 	m.len = len;
-	CHECK(g4_media_prepare(&m, 3, &lim, &in, &err) == G4_ERR_INVALID);
+	CHECK(g4_media_prepare(&m, 3, &lim, NULL, &in, &err) == G4_ERR_INVALID);
 	CHECK_MSG(strstr(err.msg, "image 3: the JPEG image is 640 x 480 pixels, more than the limit of 307199"), "%s",
 			  err.msg);
 	lim.max_image_pixels = 640 * 480;
-	CHECK_OK(g4_media_prepare(&m, 3, &lim, &in, &err), &err);
+	CHECK_OK(g4_media_prepare(&m, 3, &lim, NULL, &in, &err), &err);
 	CHECK_INT(in.n_tokens, 63);	/* 70-token budget: 432 x 336 */
 	g4_media_input_free(&in);
 	free(data);
@@ -448,10 +450,10 @@ G4_TEST(media_limits_apply)
 	m.kind = G4_MEDIA_AUDIO;
 	m.data = (const uint8_t *) data;
 	m.len = len;
-	CHECK(g4_media_prepare(&m, 2, &lim, &in, &err) == G4_ERR_INVALID);
+	CHECK(g4_media_prepare(&m, 2, &lim, NULL, &in, &err) == G4_ERR_INVALID);
 	CHECK_MSG(strstr(err.msg, "audio 2: the WAV audio lasts 0.5 s, more than the limit of 0.4 s"), "%s", err.msg);
 	lim.max_audio_seconds = 0.5;
-	CHECK_OK(g4_media_prepare(&m, 2, &lim, &in, &err), &err);
+	CHECK_OK(g4_media_prepare(&m, 2, &lim, NULL, &in, &err), &err);
 	CHECK_INT(in.n_tokens, 13);
 	g4_media_input_free(&in);
 	free(data);
@@ -509,7 +511,7 @@ G4_TEST(media_decoder_fuzz)
 			m.data = buf;
 			m.len = n;
 			memset(&err, 0, sizeof(err));
-			rc = g4_media_prepare(&m, 1, &lim, &in, &err);
+			rc = g4_media_prepare(&m, 1, &lim, NULL, &in, &err);
 			CHECK_MSG(rc == G4_OK || rc == G4_ERR_INVALID, "%s variant %d: rc %d (%s)", files[f], t, rc, err.msg);
 			CHECK_MSG(rc == G4_OK || strncmp(err.msg, kind == G4_MEDIA_IMAGE ? "image 1: " : "audio 1: ", 9) == 0,
 					  "%s variant %d: message \"%s\" does not name the item", files[f], t, err.msg);
@@ -600,7 +602,7 @@ G4_TEST(media_gif_frame_past_the_screen)
 		g4_err		err;
 
 		CHECK(make_gif(&o, c[k].sw, c[k].sh, c[k].left, c[k].top, c[k].fw, c[k].fh));
-		CHECK_OK(g4_image_decode(o.data, o.len, G4_DEFAULT_MAX_IMAGE_PIXELS, &img, &err), &err);
+		CHECK_OK(g4_image_decode(o.data, o.len, G4_DEFAULT_MAX_IMAGE_PIXELS, NULL, &img, &err), &err);
 		CHECK_MSG(img.width == c[k].w && img.height == c[k].h, "case %zu: %d x %d, expected %d x %d", k, img.width,
 				  img.height, c[k].w, c[k].h);
 		/* the frame's pixels where it was put */
@@ -608,6 +610,51 @@ G4_TEST(media_gif_frame_past_the_screen)
 		CHECK_INT(img.rgb[3 * ((size_t) c[k].top * img.width + c[k].left + 1) + 1], 255);
 		g4_image_free(&img);
 	}
+}
+
+/* WebP is decoded a piece of the file at a time (so that cancel can be
+ * polled in between): the pixels are those of one WebPDecodeRGBInto call,
+ * for lossy and lossless files, with and without alpha, of many pieces
+ * (the fixtures are one piece each). */
+G4_TEST(media_webp_in_pieces_as_in_one_call)
+{
+	const int	w = 1000,
+				h = 700;
+	const size_t npx = (size_t) w * h;
+	uint8_t    *rgb = h_noise_rgb(w, h, 0x6a09e667f3bcc909ull),
+			   *rgba = malloc(npx * 4),
+			   *want = malloc(npx * 3);
+	size_t		i;
+	int			lossless,
+				channels;
+
+	CHECK(rgb && rgba && want);
+	for (i = 0; i < npx; i++)
+	{
+		memcpy(rgba + 4 * i, rgb + 3 * i, 3);
+		rgba[4 * i + 3] = (uint8_t) (rgb[3 * i] ^ rgb[3 * i + 1]);
+	}
+	for (lossless = 0; lossless <= 1; lossless++)
+		for (channels = 3; channels <= 4; channels++)
+		{
+			g4_buf		file = {NULL, 0, 0};
+			g4_image	img;
+			g4_err		err;
+
+			CHECK(h_encode_webp(channels == 4 ? rgba : rgb, channels, w, h, lossless, &file));
+			CHECK_MSG(file.len > 100000, "%zu bytes: too few pieces", file.len);
+			CHECK(WebPDecodeRGBInto((const uint8_t *) file.data, file.len, want, npx * 3, w * 3));
+			CHECK_OK(g4_image_decode((const uint8_t *) file.data, file.len, G4_DEFAULT_MAX_IMAGE_PIXELS, NULL, &img,
+									 &err), &err);
+			g4_buf_free(&file);
+			CHECK(img.width == w && img.height == h);
+			CHECK_MSG(memcmp(img.rgb, want, npx * 3) == 0, "%s WebP%s: the pixels differ from one call's",
+					  lossless ? "lossless" : "lossy", channels == 4 ? " with alpha" : "");
+			g4_image_free(&img);
+		}
+	free(rgb);
+	free(rgba);
+	free(want);
 }
 
 /* A FLAC cut short, or corrupt in the middle, is an error, not a shorter
@@ -624,7 +671,7 @@ G4_TEST(media_truncated_flac_is_an_error)
 
 	CHECK_OK(read_media("flac24_24k_stereo.flac", &data, &len, &err), &err);
 	m = (g4_media) {G4_MEDIA_AUDIO, (const uint8_t *) data, len * 6 / 10};
-	rc = g4_media_prepare(&m, 1, &lim, &in, &err);
+	rc = g4_media_prepare(&m, 1, &lim, NULL, &in, &err);
 	free(data);
 	if (rc == G4_OK)
 		g4_media_input_free(&in);

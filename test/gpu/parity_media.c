@@ -204,7 +204,7 @@ media_embed_run(const parity_row *r, void *fx, int i, double *metric)
 	m.kind = r->a.media.kind;
 	m.data = (const uint8_t *) data;
 	m.len = len;
-	P_OK(g4_media_prepare(&m, 1, &lim, &in, &err), &err);
+	P_OK(g4_media_prepare(&m, 1, &lim, NULL, &in, &err), &err);
 	n = (size_t) in.n_tokens * (size_t) f->mc->cfg.hidden_size;
 	rc = p_malloc(n * 4);
 	rg = p_malloc(n * 4);
