@@ -15,6 +15,16 @@ const char *h_fixture_model(void);
 /* Engine options for tests: CPU backend, f32 KV, small pool. */
 void		h_options(g4_options *o, const char *model);
 
+/* Change one file's bytes on their way into a model's copy: *data
+ * (malloc'd, NUL-terminated) may be edited in place, or replaced by another
+ * malloc'd buffer, and *len changed.  Non-zero fails the copy. */
+typedef int (*h_file_edit) (void *ctx, const char *file, char **data, size_t *len);
+
+/* Copy the files of the model directory into tmpdir/name (its path in out),
+ * each through edit when given; 0 on success. */
+int			h_model_copy(const char *model, const char *name, h_file_edit edit, void *ctx, char *out,
+						 size_t out_len);
+
 /* Everything observed for one request. */
 typedef struct
 {
