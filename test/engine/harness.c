@@ -162,6 +162,12 @@ h_attach(g4_engine *e, h_run *run)
 	g4_set_hooks(e, on_logits, on_token, run);
 }
 
+void
+h_attach_tokens(g4_engine *e, h_run *run)
+{
+	g4_set_hooks(e, NULL, on_token, run);
+}
+
 int
 h_drain(g4_engine *e, h_run *run, int max_steps, g4_err *err)
 {

@@ -54,6 +54,10 @@ typedef struct
 
 /* Install the hooks that fill results, submit nothing. */
 void		h_attach(g4_engine *e, h_run *run);
+/* The same without the logits hook (first_logits stays NULL), which would
+ * make the engine sample on the host: a backend that chooses tokens on the
+ * device goes on doing so. */
+void		h_attach_tokens(g4_engine *e, h_run *run);
 /* Event callback filling the run's results. */
 void		h_on_event(void *ctx, const g4_event *ev);
 /* Step until every result is finished (or max_steps). Returns 0 on success. */
