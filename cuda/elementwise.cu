@@ -79,7 +79,8 @@ g4c_embed(g4_backend *be, const g4_weight *w, float scale, float *out)
 					  (const uint16_t *) w->scales, w->out, w->in, w->ktiles, (const int32_t *) c->d_token, scale, out);
 }
 
-/* Rows [table[ids[t]] * scale, h[t]]: blockIdx.y covers both parts. */
+/* Rows [table[ids[t]] * scale, h[t]] (zeros for G4_SAMPLE_NAN):
+ * blockIdx.y covers both parts. */
 __global__ void
 embed_concat_kernel(int kind, const void *data, const uint16_t *scales, int64_t out_rows, int64_t in, int64_t ktiles,
 					const int32_t *ids, float scale, const float *h, int h_dim, float *out)
@@ -99,8 +100,9 @@ embed_concat_kernel(int kind, const void *data, const uint16_t *scales, int64_t 
 		return;
 	}
 	tok = ids[t];
-	if (tok >= 0 && tok < out_rows)	/* valid by contract */
-		dst[k] = __fmul_rn(weight_elem(kind, data, scales, in, ktiles, tok, k), scale);
+	/* valid by contract, or G4_SAMPLE_NAN: zeros (a row after a NaN) */
+	dst[k] = tok >= 0 && tok < out_rows ? __fmul_rn(weight_elem(kind, data, scales, in, ktiles, tok, k), scale)
+		: 0.0f;
 }
 
 int

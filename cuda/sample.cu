@@ -7,7 +7,10 @@
  * (sampler.c; the order and arithmetic are stated with g4_row_sampling in
  * backend.h) is made without sorting, in passes of one kernel launch each:
  *  - greedy: the first largest logit, the suppressed ids excluded (each block
- *    its range's best, then every block combines the blocks' bests);
+ *    its range's best, then every block combines the blocks' bests).  That
+ *    scan also tells whether the row holds a NaN (a block's best is NaN when
+ *    its range holds one): such a row gets G4_SAMPLE_NAN at any
+ *    temperature, and no later pass touches it;
  *  - else e = exp((logit - max) / T) is written over the row, and the kept
  *    set is always a prefix of the sampling order (larger e first, smaller id
  *    on ties), held as its boundary: the last kept (e, id).  min-p sets the
@@ -42,7 +45,8 @@
 
 /* ---- greedy choice ------------------------------------------------------------ */
 
-/* (v, i) beats (bv, bi): larger, or equal with the smaller index; NaN never */
+/* (v, i) beats (bv, bi): larger, or equal with the smaller index; NaN never
+ * (a NaN is reported beside the best, block_best) */
 __device__ __forceinline__ bool
 beats(float v, int i, float bv, int bi)
 {
@@ -66,8 +70,9 @@ warp_argmax(float &bv, int &bi)
 	}
 }
 
-/* The best (first largest, NaN never) of row[lo..hi) in thread 0; index -1
- * when there is none. */
+/* The best (first largest) of row[lo..hi) in thread 0, index -1 when there
+ * is none; its value is NaN when the range holds a NaN (the index is then
+ * the best of the others).  Every thread of the block must call it. */
 __device__ void
 block_best(const float *row, int lo, int hi, float *best_v, int *best_i)
 {
@@ -75,6 +80,7 @@ block_best(const float *row, int lo, int hi, float *best_v, int *best_i)
 	__shared__ int si[SAMPLE_WARPS];
 	float		bv = -INFINITY;
 	int			bi = -1;
+	int			has_nan = 0;
 	int			lane = threadIdx.x & 31;
 	int			w = threadIdx.x >> 5;
 
@@ -87,6 +93,7 @@ block_best(const float *row, int lo, int hi, float *best_v, int *best_i)
 			bv = v;
 			bi = i;
 		}
+		has_nan |= isnan(v);
 	}
 	warp_argmax(bv, bi);
 	if (lane == 0)
@@ -94,13 +101,14 @@ block_best(const float *row, int lo, int hi, float *best_v, int *best_i)
 		sv[w] = bv;
 		si[w] = bi;
 	}
-	__syncthreads();
+	/* the barrier that publishes the warps' bests ORs the threads' flags */
+	has_nan = __syncthreads_or(has_nan);
 	if (w == 0)
 	{
 		bv = sv[lane];
 		bi = si[lane];
 		warp_argmax(bv, bi);
-		*best_v = bv;
+		*best_v = has_nan ? NAN : bv;
 		*best_i = bi;
 	}
 }
@@ -233,8 +241,7 @@ cache_flush(bin_cache &c, uint64_t *hist)
 struct row_state
 {
 	kept_set	s;				/* the kept set so far */
-	float		first;			/* row[0] after the suppression (greedy's NaN rule) */
-	int			done;			/* greedy: the id is written */
+	int			done;			/* greedy, or no finite best: the id is written */
 	/* the narrowing in progress */
 	uint32_t	prefix;			/* the boundary's high bits found so far */
 	int			unchanged;		/* the whole set does not reach the target */
@@ -295,13 +302,13 @@ sample_best_kernel(float *logits, int vocab, int split, int chunk, const int32_t
 	{
 		w.best_v[r * split + b] = bv;
 		w.best_i[r * split + b] = bi;
-		if (b == 0)
-			w.st[r].first = row[0];
 	}
 }
 
-/* The row's best from the blocks' (every block computes it): greedy rows get
- * their id; the others e written over the row and the min-p kept set. */
+/* The row's best from the blocks' (every block computes it): greedy rows,
+ * and rows without a finite best (a NaN: G4_SAMPLE_NAN; all -inf: the
+ * first id) get their id; the others e written over the row and the min-p
+ * kept set. */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_exp_kernel(float *logits, int vocab, int split, int chunk, const g4_row_sampling *rows, int32_t *ids,
 				  sample_work w)
@@ -319,23 +326,26 @@ sample_exp_kernel(float *logits, int vocab, int split, int chunk, const g4_row_s
 	g4c_pdl_wait();
 	if (threadIdx.x == 0)
 	{
-		float		bv = -INFINITY,
-					first = w.st[r].first;
+		float		bv = -INFINITY;
 		int			bi = -1;
+		bool		has_nan = false;
 
 		for (int k = 0; k < split; k++)
 		{
+			float		v = w.best_v[r * split + k];
 			int			i = w.best_i[r * split + k];
 
-			if (i >= 0 && beats(w.best_v[r * split + k], i, bv, bi))
+			has_nan |= isnan(v);
+			if (i >= 0 && beats(v, i, bv, bi))
 			{
-				bv = w.best_v[r * split + k];
+				bv = v;
 				bi = i;
 			}
 		}
-		/* the host loop's argmax: a NaN first element is never replaced */
-		best = (isnan(first) || bi < 0) ? 0 : bi;
-		maxl = (isnan(first) || bi < 0) ? first : bv;
+		/* g4_argmax: a NaN anywhere is no choice; else some block's range
+		 * held a value that is no NaN, so bi >= 0 */
+		best = has_nan ? G4_SAMPLE_NAN : bi;
+		maxl = has_nan ? NAN : bv;
 	}
 	__syncthreads();
 	if (p.temperature == 0.0f || !isfinite(maxl))
@@ -353,12 +363,9 @@ sample_exp_kernel(float *logits, int vocab, int split, int chunk, const g4_row_s
 		w.st[r].s.bkey = __float_as_uint(p.min_p > 0.0f ? p.min_p : 0x1p-149f);
 		w.st[r].s.bid = vocab;
 	}
+	/* no NaN: the row holds none, and maxl is finite */
 	for (int i = lo + (int) threadIdx.x; i < hi; i += SAMPLE_THREADS)
-	{
-		float		e = expf(__fdiv_rn(__fsub_rn(row[i], maxl), p.temperature));
-
-		row[i] = e >= 0.0f ? e : 0.0f;	/* NaN never survives */
-	}
+		row[i] = expf(__fdiv_rn(__fsub_rn(row[i], maxl), p.temperature));
 }
 
 /*
@@ -700,9 +707,9 @@ argmax_kernel(const float *logits, int vocab, int32_t *ids)
 	g4c_pdl_trigger();
 	g4c_pdl_wait();
 	block_best(row, 0, vocab, &bv, &bi);
-	/* the host loop's argmax: a NaN first element is never replaced */
+	/* g4_argmax: a row holding a NaN is no choice */
 	if (threadIdx.x == 0)
-		ids[blockIdx.x] = (isnan(row[0]) || bi < 0) ? 0 : bi;
+		ids[blockIdx.x] = isnan(bv) ? G4_SAMPLE_NAN : bi;
 }
 
 int

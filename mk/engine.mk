@@ -29,7 +29,8 @@ CUDA_LDLIBS = -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib \
 # and the GPU benchmark; never part of CI
 GPU_TEST_BIN := $(BUILD)/run-gpu-tests
 GPU_BENCH_BIN := $(BUILD)/bench-gpu
-GPU_TEST_SRCS := $(wildcard test/gpu/*.c) test/engine/test_main.c test/engine/harness.c test/engine/kv_pool_diff.c
+GPU_TEST_SRCS := $(wildcard test/gpu/*.c) test/engine/test_main.c test/engine/harness.c test/engine/kv_pool_diff.c \
+	test/engine/nan_cases.c
 .PHONY: gpu-tests
 gpu-tests: $(GPU_TEST_BIN) $(GPU_BENCH_BIN)
 $(GPU_TEST_BIN): $(GPU_TEST_SRCS) $(wildcard test/gpu/*.h test/engine/*.h) $(ENGINE_OBJS) $(CUDA_OBJS)

@@ -113,6 +113,16 @@ typedef struct
  */
 #define G4_SAMPLE_FIXED_ONE 1099511627776.0f	/* 2^40 */
 
+/*
+ * The choice for a row holding a NaN once the suppressed ids are -inf, at
+ * any temperature: no token.  Soft-capped logits of a finite forward pass
+ * are finite (suppressed ids aside), so a NaN means the pass broke (bad
+ * weights, an overflow, a kernel fault); the engine fails the sequence
+ * (G4_ERR_NUMERIC) rather than emit a token chosen among garbage.  The test
+ * rides on the scan for the largest logit that every choice makes anyway.
+ */
+#define G4_SAMPLE_NAN (-1)
+
 typedef struct
 {
 	float		temperature;	/* 0: greedy */
@@ -218,13 +228,15 @@ typedef struct
 
 	/* out[i] = [table[ids[i]] * scale, h[i]] for n rows: the embedding row
 	 * exactly as embed gives it, then h's row of h_dim floats.  ids is device
-	 * memory holding valid ids (tokens chosen on the device). */
+	 * memory holding valid ids (tokens chosen on the device by argmax), or
+	 * G4_SAMPLE_NAN, whose embedding part is zeros (a row after a NaN,
+	 * whose outcome is dropped). */
 	int			(*embed_concat) (g4_backend *be, const g4_weight *table, float scale, const int32_t *ids,
 								 const float *h, int h_dim, int n, float *out);
 
 	/* ids[i] = the index of the first largest element of row i of
-	 * logits[n][vocab] (g4_sample's greedy choice: a NaN never wins, except
-	 * at index 0 where it stays); ids is device memory. */
+	 * logits[n][vocab], G4_SAMPLE_NAN when the row holds a NaN (g4_sample's
+	 * greedy choice, nothing suppressed); ids is device memory. */
 	int			(*argmax) (g4_backend *be, const float *logits, int n, int vocab, int32_t *ids);
 
 	/* out[i] = x[logit_rows[i]] for the step's logit rows */
@@ -260,7 +272,8 @@ typedef struct
 	/* Token choice on the device, so only ids cross to the host: ids[i] is
 	 * the token g4_sample chooses for logits row i with rows[i]'s parameters
 	 * and uniform draw, the ids in suppress excluded (penalties are the
-	 * host's: rows that need them are sampled there).  logits: device, may be
+	 * host's: rows that need them are sampled there), or G4_SAMPLE_NAN for
+	 * a row holding a NaN once they are.  logits: device, may be
 	 * overwritten; suppress, rows and ids: host; ids are filled when the call
 	 * returns. */
 	int			(*sample) (g4_backend *be, float *logits, int n, int vocab, const int32_t *suppress,

@@ -683,8 +683,6 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 				id = g4_sample(row_logits, V, &s->samp, s->has_hist ? &s->hist : NULL, c->suppress_ids,
 							   c->n_suppress, &s->rng, &e->scratch);
 			}
-			if (e->token_hook)
-				e->token_hook(e->hook_ctx, s->id, id);
 			s->spec_row = g4_seq_emit_token(e, s, id, step_event, &se) ? -1 : i;
 		}
 	}

@@ -37,7 +37,10 @@ typedef enum
 	G4_ERR_BACKEND = -7,		/* compute device failure */
 	G4_ERR_CANCELLED = -8,
 	G4_ERR_INTERNAL = -9,
-	G4_ERR_BUSY = -10			/* no capacity now (retry later) */
+	G4_ERR_BUSY = -10,			/* no capacity now (retry later) */
+	G4_ERR_NUMERIC = -11		/* the model produced a non-finite value (a NaN
+								 * logit): its weights or the computation are
+								 * broken, not the request */
 } g4_status;
 
 typedef struct
@@ -401,7 +404,9 @@ void		g4_cancel(g4_engine *e, uint64_t seq_id, g4_event_fn fn, void *ctx);
  * (running or waiting) or a negative g4_status on an engine-wide failure;
  * in that case every live sequence has received a G4_EV_ERROR.
  * G4_ERR_BACKEND (also when the backend is still failed after another
- * failure) means the engine cannot go on: close it and open a new one. */
+ * failure) means the engine cannot go on: close it and open a new one.
+ * A sequence whose logits row holds a NaN gets a G4_EV_ERROR with
+ * G4_ERR_NUMERIC (its KV blocks released) and the others go on. */
 int			g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err);
 
 /* True when g4_step has work to do. */
@@ -424,8 +429,10 @@ typedef void (*g4_logits_fn) (void *ctx, int pos, const float *logits, int vocab
  * with that prompt would be prefilled (same chunking limits, masks and KV
  * dtype), and hand fn the logits of every position p >= first_logit, in
  * order.  Needs an idle engine (no live request: G4_ERR_BUSY otherwise); the
- * sequence's KV blocks are released before it returns.  For perplexity, KL
- * divergence between KV dtypes and retrieval checks.
+ * sequence's KV blocks are released before it returns.  A row holding a NaN
+ * is never handed out: the call fails there with G4_ERR_NUMERIC, naming the
+ * position.  For perplexity, KL divergence between KV dtypes and retrieval
+ * checks.
  */
 int			g4_score(g4_engine *e, const int32_t *ids, int n, int first_logit, g4_logits_fn fn, void *ctx,
 					 g4_err *err);

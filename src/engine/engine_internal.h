@@ -161,8 +161,10 @@ g4_seq	   *g4_seq_prepare(const g4_engine *e, const g4_request *req, const volat
 void		g4_seq_admit(g4_engine *e, g4_seq *s);
 void		g4_seq_free(g4_seq *s);
 int			g4_seq_append(g4_seq *s, int32_t id);
-/* Process a sampled token: text events, stop checks.  Returns 1 when the
- * sequence finished (a G4_EV_FINISH was delivered). */
+/* Process a sampled id: a token goes to the token hook, text events and
+ * stop checks; G4_SAMPLE_NAN (a NaN row) fails the sequence with
+ * G4_ERR_NUMERIC.  Returns 1 when the sequence ended (a G4_EV_FINISH or
+ * G4_EV_ERROR was delivered, its KV blocks released). */
 int			g4_seq_emit_token(g4_engine *e, g4_seq *s, int32_t id, g4_event_fn fn, void *ctx);
 void		g4_seq_finish(g4_engine *e, g4_seq *s, int reason, g4_event_fn fn, void *ctx);
 void		g4_seq_fail(g4_engine *e, g4_seq *s, int code, const char *msg, g4_event_fn fn, void *ctx);

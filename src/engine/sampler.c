@@ -135,16 +135,26 @@ g4_sampling_validate(const g4_sampling *p, g4_err *err)
 	return G4_OK;
 }
 
-static int32_t
-argmax(const float *x, int n)
+int32_t
+g4_argmax(const float *x, int n)
 {
 	int32_t		best = 0;
+	float		bv = x[0];
+	int			has_nan = isnan(bv);
 	int			i;
 
 	for (i = 1; i < n; i++)
-		if (x[i] > x[best])
+	{
+		float		v = x[i];
+
+		if (v > bv)
+		{
+			bv = v;
 			best = i;
-	return best;
+		}
+		has_nan |= isnan(v);
+	}
+	return has_nan ? G4_SAMPLE_NAN : best;
 }
 
 /* The integer weight of an id of relative probability e in [0, 1]. */
@@ -269,10 +279,11 @@ adjust_logits(float *logits, int vocab, const g4_sampling *p, const g4_token_his
 }
 
 /*
- * The kept set at temperature > 0 (maxl the largest logit, finite): fills
- * sc->probs with each id's relative probability e and returns the id
- * closing the kept prefix of the sampling order (ids not after it are
- * kept) and the kept ids' total integer weight; -1 when out of memory.
+ * The kept set at temperature > 0 (a row without NaN, maxl its largest
+ * logit, finite): fills sc->probs with each id's relative probability e and
+ * returns the id closing the kept prefix of the sampling order (ids not
+ * after it are kept) and the kept ids' total integer weight; -1 when out
+ * of memory.
  */
 static int32_t
 kept_set(const float *logits, int vocab, float maxl, const g4_sampling *p, g4_sampler_scratch *sc,
@@ -303,9 +314,8 @@ kept_set(const float *logits, int vocab, float maxl, const g4_sampling *p, g4_sa
 	n = 0;
 	for (i = 0; i < vocab; i++)
 	{
-		float		v = expf((logits[i] - maxl) / p->temperature);
-
-		e[i] = v >= 0.0f ? v : 0.0f;	/* NaN never survives */
+		/* no NaN: the row holds none, and maxl is finite */
+		e[i] = expf((logits[i] - maxl) / p->temperature);
 		if (e[i] >= emin)
 			sc->idx[n++] = i;
 	}
@@ -344,15 +354,15 @@ g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *h
 	int			i;
 
 	adjust_logits(logits, vocab, p, hist, suppress, n_suppress);
-	best = argmax(logits, vocab);
-	maxl = logits[best];
+	best = g4_argmax(logits, vocab);
 	if (p->temperature == 0.0f)
 		return best;
 	/* one draw per sampled token, whatever happens next: the device sampler
 	 * receives the same draw from the host */
 	u = g4_rng_uniform(rng);
-	if (!isfinite(maxl))
+	if (best == G4_SAMPLE_NAN || !isfinite(logits[best]))
 		return best;
+	maxl = logits[best];
 	last = kept_set(logits, vocab, maxl, p, sc, &total);
 	if (last < 0)
 		return best;			/* out of memory: degrade to greedy */
@@ -383,7 +393,9 @@ g4_sample_dist(float *logits, int vocab, const g4_sampling *p, const g4_token_hi
 	int			i;
 
 	adjust_logits(logits, vocab, p, hist, suppress, n_suppress);
-	best = argmax(logits, vocab);
+	best = g4_argmax(logits, vocab);
+	if (best == G4_SAMPLE_NAN)
+		return G4_ERR_NUMERIC;
 	memset(probs, 0, (size_t) vocab * sizeof(double));
 	if (p->temperature == 0.0f || !isfinite(logits[best]))
 	{

@@ -44,14 +44,21 @@ typedef struct
 
 void		g4_sampler_scratch_free(g4_sampler_scratch *s);
 
-/* Choose the next token.  logits (length vocab) is modified in place.
- * hist may be NULL when no penalty is active. */
+/* The index of the first largest of x[0..n), or G4_SAMPLE_NAN (backend.h)
+ * when any element is NaN: the greedy choice, and the scan for the
+ * largest logit that every choice starts with. */
+int32_t		g4_argmax(const float *x, int n);
+
+/* Choose the next token, or G4_SAMPLE_NAN for a row holding a NaN.  logits
+ * (length vocab) is modified in place.  hist may be NULL when no penalty is
+ * active. */
 int32_t		g4_sample(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *hist,
 					  const int32_t *suppress, int n_suppress, g4_rng *rng, g4_sampler_scratch *scratch);
 
 /* The distribution g4_sample draws from for these parameters: probs[vocab]
  * (0 outside the kept set; one-hot at the first largest logit when
- * greedy).  logits is modified in place; takes no draw. */
+ * greedy); G4_ERR_NUMERIC for a row holding a NaN.  logits is modified in
+ * place; takes no draw. */
 int			g4_sample_dist(float *logits, int vocab, const g4_sampling *p, const g4_token_hist *hist,
 						   const int32_t *suppress, int n_suppress, g4_sampler_scratch *scratch,
 						   double *probs);

@@ -7,7 +7,8 @@
  * (g4_schedule_meta), in chunks of at most max_num_batched_tokens, so its
  * logits are those a request with that prompt would see.  Each chunk runs
  * the layers once; its logit rows are then computed in slices as tall as the
- * workspace's logits buffer.
+ * workspace's logits buffer.  A row holding a NaN (the forward pass broke)
+ * ends the call with G4_ERR_NUMERIC before it reaches the callback.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -87,7 +88,18 @@ g4_score(g4_engine *e, const int32_t *ids, int n, int first_logit, g4_logits_fn 
 			if (rc == G4_OK)
 				rc = e->be->ops->sync(e->be, err);
 			for (i = 0; rc == G4_OK && i < rows; i++)
-				fn(ctx, start + r0 + i, e->logits_host + (size_t) i * (size_t) V, V);
+			{
+				const float *row = e->logits_host + (size_t) i * (size_t) V;
+
+				/* a row holding a NaN is never handed out (g4_argmax tells,
+				 * as it tells the sampler) */
+				if (g4_argmax(row, V) == G4_SAMPLE_NAN)
+					rc = g4_fail(err, G4_ERR_NUMERIC,
+								 "the model produced a non-finite value: NaN in the logits at position %d",
+								 start + r0 + i);
+				else
+					fn(ctx, start + r0 + i, row, V);
+			}
 		}
 		if (rc == G4_OK)
 			rc = e->be->ops->sync(e->be, err);

@@ -551,6 +551,18 @@ g4_seq_emit_token(g4_engine *e, g4_seq *s, int32_t id, g4_event_fn fn, void *ctx
 {
 	double		now = g4_now();
 
+	if (id == G4_SAMPLE_NAN)
+	{
+		char		msg[160];
+
+		snprintf(msg, sizeof(msg),
+				 "the model produced a non-finite value: NaN in the logits choosing output token %d",
+				 s->n_generated + 1);
+		g4_seq_fail(e, s, G4_ERR_NUMERIC, msg, fn, ctx);
+		return 1;
+	}
+	if (e->token_hook)
+		e->token_hook(e->hook_ctx, s->id, id);
 	if (s->n_generated == 0)
 		s->t_first = now;
 	s->t_last = now;

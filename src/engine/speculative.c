@@ -9,7 +9,10 @@
  * Acceptance: greedy sequences keep a draft while it equals the target's
  * choice (so the output is token for token the output without drafting);
  * sampled ones use speculative sampling (spec_accept.c), so the output is
- * distributed as sampling from the target alone.
+ * distributed as sampling from the target alone.  A target row holding a
+ * NaN fails the sequence there (G4_ERR_NUMERIC, nothing after it taken); an
+ * assistant row holding one ends that sequence's drafts before it (a draft
+ * is only a guess: the target's output stays whole).
  *
  * k adapts per sequence: a running mean r of the drafts accepted per
  * verify bounds it to round(r) + 1 (from num_speculative_tokens down to 1),
@@ -129,21 +132,26 @@ g4_spec_verify(g4_engine *e, const g4_sched_item *it, int row0, int device_ids, 
 			id = e->st_ids[row0 + j];
 		else if (is_draft && s->samp.temperature > 0.0f)
 		{
-			if (g4_sample_dist(row, V, &s->samp, s->has_hist ? &s->hist : NULL, c->suppress_ids, c->n_suppress,
-							   &e->scratch, e->spec_p) != G4_OK)
+			int			rc = g4_sample_dist(row, V, &s->samp, s->has_hist ? &s->hist : NULL, c->suppress_ids,
+											c->n_suppress, &e->scratch, e->spec_p);
+
+			if (rc == G4_ERR_NOMEM)
 			{
 				g4_seq_fail(e, s, G4_ERR_NOMEM, "out of memory verifying drafts", fn, ctx);
 				done = 1;
 				break;
 			}
-			id = g4_spec_accept(e->spec_p, NULL, V, s->draft[j], &s->rng, &accepted);
+			/* G4_ERR_NUMERIC: a NaN row, which emitting fails */
+			id = rc == G4_OK ? g4_spec_accept(e->spec_p, NULL, V, s->draft[j], &s->rng, &accepted)
+				: G4_SAMPLE_NAN;
 		}
 		else
 			id = g4_sample(row, V, &s->samp, s->has_hist ? &s->hist : NULL, c->suppress_ids, c->n_suppress,
 						   &s->rng, &e->scratch);
 		if (is_draft && s->samp.temperature == 0.0f)
 			accepted = id == s->draft[j];
-		if (is_draft && force >= 0)
+		/* a NaN row fails the sequence even where a draft is forced */
+		if (is_draft && force >= 0 && id != G4_SAMPLE_NAN)
 		{
 			accepted = j < force;
 			if (accepted)
@@ -155,8 +163,6 @@ g4_spec_verify(g4_engine *e, const g4_sched_item *it, int row0, int device_ids, 
 			e->stats.spec_pos_accepted[j]++;
 			accepted_n++;
 		}
-		if (e->token_hook)
-			e->token_hook(e->hook_ctx, s->id, id);
 		s->spec_row = row0 + j;
 		done = g4_seq_emit_token(e, s, id, fn, ctx);
 		if (is_draft && !accepted)
@@ -288,6 +294,14 @@ g4_spec_draft(g4_engine *e, g4_err *err)
 
 			if (s->n_draft >= 0)
 				continue;		/* complete */
+			/* a NaN in the assistant's row proposes nothing: the drafts end
+			 * before it (the passes after it read a zero embedding, and
+			 * their proposals are not taken) */
+			if (ids[i] == G4_SAMPLE_NAN)
+			{
+				s->n_draft = step;
+				continue;
+			}
 			s->draft[step] = ids[i];
 			/* done at its budget, or after drafting an end of sequence */
 			if (step + 1 == -s->n_draft || g4_is_eos(e, ids[i]))

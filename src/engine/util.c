@@ -40,6 +40,8 @@ g4_status_name(int code)
 			return "internal error";
 		case G4_ERR_BUSY:
 			return "busy";
+		case G4_ERR_NUMERIC:
+			return "non-finite value";
 	}
 	return "unknown error";
 }

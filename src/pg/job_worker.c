@@ -838,6 +838,9 @@ poll_rows(Job *job)
 						G4WireError *e = &row->request->failure;
 						int			code = e->code;
 
+						/* transient: what a retry may cure; not a NaN from
+						 * the model (G4_ERR_NUMERIC), which the same prompt
+						 * gives again */
 						fail_row(row, unpack_sql_state(g4_sqlstate_for(code)), e->msg,
 								 code == G4_ERR_PG_ENGINE_DIED || code == G4_ERR_PG_NOT_READY ||
 								 code == G4_ERR_PG_SHUTDOWN || code == G4_ERR_BUSY ||

@@ -668,17 +668,22 @@ g4_sqlstate_for(int code)
 			return ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
 		case G4_ERR_PG_TIMEOUT:
 			return ERRCODE_QUERY_CANCELED;
+		case G4_ERR_NUMERIC:
+			/* a NaN from the model: the model's or the engine's fault, not
+			 * bad input (class 22 would send the user to fix the data) */
+			return ERRCODE_INTERNAL_ERROR;
 	}
 	return ERRCODE_INTERNAL_ERROR;
 }
 
 /*
- * Raise a request's error with its SQLSTATE and a hint on what to do (the
- * given one, else the one for its code).
+ * Raise a request's error with its SQLSTATE, a detail where the code needs
+ * one and a hint on what to do (the given one, else the one for its code).
  */
 static void
 g4_raise_request_error(const G4WireError *e, const char *given_hint)
 {
+	const char *detail = NULL;
 	const char *hint = NULL;
 
 	switch (e->code)
@@ -699,11 +704,18 @@ g4_raise_request_error(const G4WireError *e, const char *given_hint)
 		case G4_ERR_INTERNAL:
 			hint = "See the server log.";
 			break;
+		case G4_ERR_NUMERIC:
+			detail = "The model's forward pass produced a NaN: the model's weights or the engine are at fault, "
+				"not the request's input.";
+			hint = "Check the model files in gemma4.model_dir and report the problem with this request; "
+				"retrying it gives the same error.";
+			break;
 	}
 	if (given_hint)
 		hint = given_hint;
 	ereport(ERROR,
 			(errcode(g4_sqlstate_for(e->code)),
 			 errmsg("%s", e->msg),
+			 detail ? errdetail("%s", detail) : 0,
 			 hint ? errhint("%s", hint) : 0));
 }

@@ -3,9 +3,11 @@
  */
 #include "harness.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "test.h"
 #include "util.h"
@@ -30,6 +32,51 @@ h_options(g4_options *o, const char *model)
 	o->max_num_seqs = 8;
 	o->max_num_batched_tokens = 512;
 	o->kv_pool_bytes = (size_t) 64 << 20;
+}
+
+int
+h_model_copy(const char *model, const char *name, h_file_edit edit, void *ctx, char *out, size_t out_len)
+{
+	DIR		   *dir;
+	struct dirent *de;
+	int			rc = 0;
+
+	snprintf(out, out_len, "%s/%s", g4_test_tmpdir(), name);
+	mkdir(out, 0755);
+	dir = opendir(model);
+	if (!dir)
+		return -1;
+	while (rc == 0 && (de = readdir(dir)) != NULL)
+	{
+		char		src[4096],
+					dst[4200];
+		char	   *data;
+		size_t		len;
+		g4_err		err;
+		FILE	   *f;
+
+		snprintf(src, sizeof(src), "%s/%s", model, de->d_name);
+		if (!g4_is_file(src))
+			continue;			/* ".", ".." */
+		snprintf(dst, sizeof(dst), "%s/%s", out, de->d_name);
+		if (g4_read_file(src, &data, &len, &err) != G4_OK)
+		{
+			rc = -1;
+			break;
+		}
+		if (edit)
+			rc = edit(ctx, de->d_name, &data, &len);
+		if (rc == 0)
+		{
+			f = fopen(dst, "wb");
+			rc = f && fwrite(data, 1, len, f) == len ? 0 : -1;
+			if (f && fclose(f) != 0)
+				rc = -1;
+		}
+		free(data);
+	}
+	closedir(dir);
+	return rc;
 }
 
 static h_result *
@@ -113,6 +160,12 @@ void
 h_attach(g4_engine *e, h_run *run)
 {
 	g4_set_hooks(e, on_logits, on_token, run);
+}
+
+void
+h_attach_tokens(g4_engine *e, h_run *run)
+{
+	g4_set_hooks(e, NULL, on_token, run);
 }
 
 int

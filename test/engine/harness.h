@@ -15,6 +15,16 @@ const char *h_fixture_model(void);
 /* Engine options for tests: CPU backend, f32 KV, small pool. */
 void		h_options(g4_options *o, const char *model);
 
+/* Change one file's bytes on their way into a model's copy: *data
+ * (malloc'd, NUL-terminated) may be edited in place, or replaced by another
+ * malloc'd buffer, and *len changed.  Non-zero fails the copy. */
+typedef int (*h_file_edit) (void *ctx, const char *file, char **data, size_t *len);
+
+/* Copy the files of the model directory into tmpdir/name (its path in out),
+ * each through edit when given; 0 on success. */
+int			h_model_copy(const char *model, const char *name, h_file_edit edit, void *ctx, char *out,
+						 size_t out_len);
+
 /* Everything observed for one request. */
 typedef struct
 {
@@ -44,6 +54,10 @@ typedef struct
 
 /* Install the hooks that fill results, submit nothing. */
 void		h_attach(g4_engine *e, h_run *run);
+/* The same without the logits hook (first_logits stays NULL), which would
+ * make the engine sample on the host: a backend that chooses tokens on the
+ * device goes on doing so. */
+void		h_attach_tokens(g4_engine *e, h_run *run);
 /* Event callback filling the run's results. */
 void		h_on_event(void *ctx, const g4_event *ev);
 /* Step until every result is finished (or max_steps). Returns 0 on success. */

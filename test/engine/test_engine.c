@@ -760,3 +760,96 @@ G4_TEST(sampler_filters)
 	}
 	g4_sampler_scratch_free(&sc);
 }
+
+/*
+ * A row holding a NaN is no choice (G4_SAMPLE_NAN) wherever the NaN is, at
+ * every setting (greedy, temperature, top-k, top-p, min-p, penalties), also
+ * when a larger finite logit would win; g4_sample_dist refuses it
+ * (G4_ERR_NUMERIC) and so does the backend's greedy choice.  A NaN at a
+ * suppressed id is overwritten by the suppression: the row is chosen from.
+ */
+G4_TEST(sampler_nan_row_is_no_choice)
+{
+	static const struct
+	{
+		float		temperature,
+					top_p,
+					min_p,
+					repetition_penalty;
+		int			top_k;
+	}			settings[] = {
+		{0.0f, 1.0f, 0.0f, 1.0f, 0},	/* greedy */
+		{1.0f, 1.0f, 0.0f, 1.0f, 0},	/* temperature */
+		{0.7f, 1.0f, 0.0f, 1.0f, 3},	/* top-k */
+		{1.0f, 0.5f, 0.0f, 1.0f, 0},	/* top-p */
+		{1.0f, 1.0f, 0.2f, 1.0f, 0},	/* min-p */
+		{0.8f, 0.9f, 0.05f, 1.3f, 4},	/* all of them, penalties too */
+	};
+	static const int nan_at[] = {0, 4, 7};	/* first, middle, last */
+	static const int32_t prompt[] = {4, 7};
+	float		l[8];
+	double		probs[8];
+	int32_t		ids[1];
+	int32_t		suppress[1];
+	g4_sampler_scratch sc = {0};
+	g4_token_hist hist;
+	g4_backend *be;
+	g4_err		err;
+	size_t		s,
+				a;
+	int			i;
+
+	CHECK_OK(g4_hist_init(&hist, 8, prompt, 2), &err);
+	CHECK_OK(g4_backend_cpu_create(1, &be, &err), &err);
+	for (a = 0; a < G4_ARRAY_LEN(nan_at); a++)
+	{
+		for (s = 0; s < G4_ARRAY_LEN(settings); s++)
+		{
+			g4_sampling p;
+			g4_rng		rng;
+			int32_t		id;
+			int			rc;
+
+			g4_sampling_default(&p);
+			p.temperature = settings[s].temperature;
+			p.top_p = settings[s].top_p;
+			p.min_p = settings[s].min_p;
+			p.top_k = settings[s].top_k;
+			p.repetition_penalty = settings[s].repetition_penalty;
+			g4_rng_seed(&rng, 3);
+			for (i = 0; i < 8; i++)
+				l[i] = i == 5 ? 9.0f : 0.25f * (float) i;
+			l[nan_at[a]] = NAN;
+			id = g4_sample(l, 8, &p, &hist, NULL, 0, &rng, &sc);
+			CHECK_MSG(id == G4_SAMPLE_NAN, "NaN at %d, setting %zu: g4_sample chose %d", nan_at[a], s, id);
+			for (i = 0; i < 8; i++)
+				l[i] = i == 5 ? 9.0f : 0.25f * (float) i;
+			l[nan_at[a]] = NAN;
+			rc = g4_sample_dist(l, 8, &p, &hist, NULL, 0, &sc, probs);
+			CHECK_MSG(rc == G4_ERR_NUMERIC, "NaN at %d, setting %zu: g4_sample_dist returned %d", nan_at[a], s,
+					  rc);
+		}
+		for (i = 0; i < 8; i++)
+			l[i] = 0.25f * (float) i;
+		l[nan_at[a]] = NAN;
+		CHECK_OK(be->ops->argmax(be, l, 1, 8, ids), &err);
+		CHECK_MSG(ids[0] == G4_SAMPLE_NAN, "NaN at %d: the backend's argmax chose %d", nan_at[a], ids[0]);
+		/* suppressed, the NaN is gone: the largest of the others */
+		{
+			g4_sampling p;
+			g4_rng		rng;
+
+			g4_sampling_default(&p);
+			g4_rng_seed(&rng, 3);
+			suppress[0] = nan_at[a];
+			CHECK_INT(g4_sample(l, 8, &p, NULL, suppress, 1, &rng, &sc), nan_at[a] == 7 ? 6 : 7);
+			l[nan_at[a]] = NAN;
+			p.temperature = 1.0f;
+			p.top_k = 1;
+			CHECK_INT(g4_sample(l, 8, &p, NULL, suppress, 1, &rng, &sc), nan_at[a] == 7 ? 6 : 7);
+		}
+	}
+	be->ops->destroy(be);
+	g4_hist_free(&hist);
+	g4_sampler_scratch_free(&sc);
+}

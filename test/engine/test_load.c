@@ -3,7 +3,6 @@
  * produces an error that names the problem; the bf16 (dense) checkpoint
  * form loads and matches transformers like the int4 one.
  */
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -13,59 +12,49 @@
 	const char *model = h_fixture_model(); \
 	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)")
 
-/* Copy the fixture into tmpdir/name, replacing `from` by `to` in config.json
- * (when given) and truncating model.safetensors to `trunc` bytes (when > 0). */
+/* What broken_copy breaks: `from` replaced by `to` in config.json (when
+ * given), model.safetensors truncated to `trunc` bytes (when > 0). */
+typedef struct
+{
+	const char *from,
+			   *to;
+	long		trunc;
+} breakage;
+
+static int
+break_file(void *ctx, const char *file, char **data, size_t *len)
+{
+	const breakage *b = ctx;
+
+	if (strcmp(file, "config.json") == 0 && b->from)
+	{
+		char	   *at = strstr(*data, b->from);
+		char	   *text;
+
+		if (!at)
+			return -1;
+		text = malloc(*len - strlen(b->from) + strlen(b->to) + 1);
+		if (!text)
+			return -1;
+		snprintf(text, *len - strlen(b->from) + strlen(b->to) + 1, "%.*s%s%s", (int) (at - *data), *data, b->to,
+				 at + strlen(b->from));
+		free(*data);
+		*data = text;
+		*len = strlen(text);
+	}
+	else if (strcmp(file, "model.safetensors") == 0 && b->trunc > 0)
+		*len = (size_t) b->trunc;
+	return 0;
+}
+
+/* Copy the fixture into tmpdir/name, broken as told. */
 static int
 broken_copy(const char *model, const char *name, const char *from, const char *to, long trunc, char *out,
 			size_t out_len)
 {
-	static const char *const files[] = {"config.json", "generation_config.json", "model.safetensors",
-	"tokenizer.json", "tokenizer_config.json"};
-	size_t		k;
+	breakage	b = {from, to, trunc};
 
-	snprintf(out, out_len, "%s/%s", g4_test_tmpdir(), name);
-	mkdir(out, 0755);
-	for (k = 0; k < G4_ARRAY_LEN(files); k++)
-	{
-		char		src[4096],
-					dst[4200];
-		char	   *data;
-		size_t		len;
-		g4_err		err;
-		FILE	   *f;
-
-		snprintf(src, sizeof(src), "%s/%s", model, files[k]);
-		snprintf(dst, sizeof(dst), "%s/%s", out, files[k]);
-		if (g4_read_file(src, &data, &len, &err) != G4_OK)
-			return -1;
-		f = fopen(dst, "wb");
-		if (!f)
-		{
-			free(data);
-			return -1;
-		}
-		if (k == 0 && from)
-		{
-			char	   *at = strstr(data, from);
-
-			if (!at)
-			{
-				fclose(f);
-				free(data);
-				return -1;
-			}
-			fwrite(data, 1, (size_t) (at - data), f);
-			fputs(to, f);
-			fputs(at + strlen(from), f);
-		}
-		else if (k == 2 && trunc > 0)
-			fwrite(data, 1, (size_t) trunc, f);
-		else
-			fwrite(data, 1, len, f);
-		fclose(f);
-		free(data);
-	}
-	return 0;
+	return h_model_copy(model, name, break_file, &b, out, out_len);
 }
 
 static int

@@ -186,6 +186,7 @@ enum
 	LOGITS_TIED,				/* 8 values on a grid */
 	LOGITS_SMALL_VOCAB,			/* normal, 300 ids */
 	LOGITS_NORMAL,				/* normal, 64 rows */
+	LOGITS_NAN,					/* Gemma-like, each holding a NaN (parity_sample.c) */
 };
 
 /* sampling settings (parity_sample.c): the 10 in turn, or one of them */

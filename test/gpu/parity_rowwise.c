@@ -97,12 +97,15 @@ embed_concat_run(const parity_row *r, void *fx, int i, double *metric)
 	for (k = 0; k < n; k++)
 		ids[k] = (int32_t) (rnd() % (uint64_t) a->vocab);
 	ids[0] = (int32_t) a->vocab - 1;
+	ids[1] = G4_SAMPLE_NAN;		/* a row after a NaN: zeros */
 	fill_normal(h, (size_t) n * (size_t) a->h_dim, 3.0f);
 	wc = p_weight(cpu_be, &hw, 1);
 	wg = p_weight(gpu_be, &hw, 1);
 	dids = gpu_copy(ids, (size_t) n * 4);
 	dh = gpu_copy(h, (size_t) n * (size_t) a->h_dim * 4);
-	d = gpu_alloc((size_t) n * width * 4);
+	/* both outputs start as the same garbage: every element is written */
+	memset(oc, 0x7f, (size_t) n * width * 4);
+	d = gpu_copy(oc, (size_t) n * width * 4);
 	P_RUN(cpu_be, embed_concat, wc, 7.25f, ids, h, a->h_dim, n, oc);
 	P_RUN(gpu_be, embed_concat, wg, 7.25f, dids, dh, a->h_dim, n, d);
 	gpu_get(og, d, (size_t) n * width * 4);
@@ -125,8 +128,9 @@ argmax_describe(const parity_row *r, int i, char *label, size_t size)
 }
 
 /* The greedy choice left on the device, on random rows and on the rows that
- * test its rules: ties (the first wins), NaN at 0 (kept), NaN elsewhere
- * (never), all -inf (index 0). */
+ * test its rules: ties (the first wins), a NaN at the first, a middle or
+ * the last id (G4_SAMPLE_NAN on both sides, also beside a larger value),
+ * all -inf (index 0). */
 static void
 argmax_run(const parity_row *r, void *fx, int i, double *metric)
 {
@@ -147,7 +151,7 @@ argmax_run(const parity_row *r, void *fx, int i, double *metric)
 	{
 		float	   *row = x + (size_t) k * (size_t) vocab;
 
-		switch (k % 5)
+		switch (k % 6)
 		{
 			case 1:				/* a tie of the largest value */
 				row[vocab - 1] = 100.0f;
@@ -164,6 +168,9 @@ argmax_run(const parity_row *r, void *fx, int i, double *metric)
 				for (j = 0; j < vocab; j++)
 					row[j] = -INFINITY;
 				break;
+			case 5:
+				row[vocab - 1] = NAN;
+				break;
 			default:
 				break;
 		}
@@ -173,8 +180,9 @@ argmax_run(const parity_row *r, void *fx, int i, double *metric)
 	P_RUN(cpu_be, argmax, x, n, vocab, ic);
 	P_RUN(gpu_be, argmax, dx, n, vocab, dids);
 	gpu_get(ig, dids, (size_t) n * 4);
+	/* the same ids, and the NaN rows' the contract's on both */
 	for (k = 0; k < n; k++)
-		diff += ic[k] != ig[k];
+		diff += ic[k] != ig[k] || ((k % 6 == 2 || k % 6 == 3 || k % 6 == 5) && ic[k] != G4_SAMPLE_NAN);
 	metric[0] = (double) diff;
 }
 

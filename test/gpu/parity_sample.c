@@ -116,7 +116,10 @@ sample_describe(const parity_row *r, int i, char *label, size_t size)
 {
 	const sample_args *a = &r->a.sample;
 
-	if (a->logits == LOGITS_TIED)
+	if (a->logits == LOGITS_NAN)
+		snprintf(label, size, "%d rows x %d, a NaN at the first, a middle, the last or a suppressed id, "
+				 "10 settings (ids differing)", a->n, a->vocab);
+	else if (a->logits == LOGITS_TIED)
 		snprintf(label, size, "%d rows of 8 tied values, 10 settings (ids differing)", a->n);
 	else if (a->setting == SAMPLE_ALL_SETTINGS)
 		snprintf(label, size, "%d rows x %d, 10 settings (ids differing)", a->n, a->vocab);
@@ -124,6 +127,19 @@ sample_describe(const parity_row *r, int i, char *label, size_t size)
 		snprintf(label, size, "%d and %d rows x %d, top_p %g top_k %d (ids differing)", a->n, a->n_b, a->vocab,
 				 (double) settings[a->setting].top_p, settings[a->setting].top_k);
 	return 1;
+}
+
+/* A Gemma-like row: normal logits soft-capped at 30, a few large ones. */
+static void
+gemma_row(float *x, int vocab)
+{
+	int			i;
+
+	fill_normal(x, (size_t) vocab, 3.0f);
+	for (i = 0; i < 20; i++)
+		x[rnd() % (uint64_t) vocab] += (float) (8.0 + 8.0 * unif());
+	for (i = 0; i < vocab; i++)
+		x[i] = 30.0f * tanhf(x[i] / 30.0f);
 }
 
 /* The rows of the row's kind of logits, as many as its calls take. */
@@ -140,22 +156,26 @@ sample_setup(const parity_row *r)
 	switch (a->logits)
 	{
 		case LOGITS_GEMMA:
-			/* Gemma-like rows: normal logits soft-capped at 30, a few large ones */
 			for (k = 0; k < n; k++)
-			{
-				float	   *x = l + (size_t) k * vocab;
-
-				fill_normal(x, (size_t) vocab, 3.0f);
-				for (i = 0; i < 20; i++)
-					x[rnd() % (uint64_t) vocab] += (float) (8.0 + 8.0 * unif());
-				for (i = 0; i < vocab; i++)
-					x[i] = 30.0f * tanhf(x[i] / 30.0f);
-			}
+				gemma_row(l + (size_t) k * vocab, vocab);
 			/* a suppressed maximum, ties of the maximum, an all-equal row */
 			l[2 * (size_t) vocab + 5] = 99.0f;
 			l[3 * (size_t) vocab + 10] = l[3 * (size_t) vocab + 20000] = 50.0f;
 			for (i = 0; i < vocab; i++)
 				l[4 * (size_t) vocab + i] = 1.0f;
+			break;
+		case LOGITS_NAN:
+			/* the NaN's place turns with the row, shifted by one every
+			 * N_IN_TURN rows: each place meets each setting (row k's is
+			 * k % N_IN_TURN); the suppressed id is suppress[0] */
+			for (k = 0; k < n; k++)
+			{
+				float	   *x = l + (size_t) k * vocab;
+				int			at[4] = {0, vocab / 2 + 7, vocab - 1, suppress[0]};
+
+				gemma_row(x, vocab);
+				x[at[(k / N_IN_TURN + k) % 4]] = NAN;
+			}
 			break;
 		case LOGITS_TIED:
 			/* logits on a grid of 8 values, every filter cutting through them */

@@ -41,7 +41,8 @@
 #define WHY_GEGLU_FUSED "exact: outputs differing from matmul then geglu (each checked against the CPU above)"
 #define WHY_GEGLU_BF16 "bf16-class: the product's bound (8e-3 of sum |w.x|, the product rounded to bf16 too) carried through gelu (|gelu'| <= 1.13) and up"
 #define WHY_COPY "exact: elements differing (rows copied, dequantised and scaled alike)"
-#define WHY_ARGMAX "exact: rows differing (ties to the first, NaN at 0 kept, elsewhere never, all -inf: 0)"
+#define WHY_CONCAT "exact: elements differing (rows copied, dequantised and scaled alike; zeros for a G4_SAMPLE_NAN id)"
+#define WHY_ARGMAX "exact: rows differing (ties to the first, a NaN anywhere: G4_SAMPLE_NAN, all -inf: 0)"
 #define WHY_NORM "float32-class: float32 sums of squares in another order"
 #define WHY_ROPE "float32-class: positions up to 262143, sincosf's 2 ulp on the angle's sine"
 #define WHY_GELU "float32-class: tanh-approximated GELU times up, tanhf in float32"
@@ -237,13 +238,13 @@ const parity_row parity_table[] = {
 
 	/* ---- the draft model's input rows, argmax (seed 41) ---- */
 	{.kind = &parity_embed_concat, .a.embed = {.fmt = G4_W_BF16, .vocab = 5000, .dim = 3840, .h_dim = 3840,
-	 .n = 17}, CHECK1("embed_concat", 0, WHY_COPY), .seed = 41},
+	 .n = 17}, CHECK1("embed_concat", 0, WHY_CONCAT), .seed = 41},
 	{.kind = &parity_embed_concat, .a.embed = {.fmt = G4_W_I4G32, .vocab = 1000, .dim = 640, .h_dim = 640,
-	 .n = 6}, CHECK1("embed_concat", 0, WHY_COPY)},
+	 .n = 6}, CHECK1("embed_concat", 0, WHY_CONCAT)},
 	{.kind = &parity_embed_concat, .a.embed = {.fmt = G4_W_F32, .vocab = 300, .dim = 64, .h_dim = 48,
-	 .n = 4}, CHECK1("embed_concat", 0, WHY_COPY)},
+	 .n = 4}, CHECK1("embed_concat", 0, WHY_CONCAT)},
 	{.kind = &parity_embed_concat, .a.embed = {.fmt = G4_W_Q6_K, .vocab = 700, .dim = 512, .h_dim = 256,
-	 .n = 3}, CHECK1("embed_concat", 0, WHY_COPY)},
+	 .n = 3}, CHECK1("embed_concat", 0, WHY_CONCAT)},
 	{.kind = &parity_argmax, .a.shape = {10, 262144}, CHECK1("argmax", 0, WHY_ARGMAX)},
 	{.kind = &parity_argmax, .a.shape = {64, 1000}, CHECK1("argmax", 0, WHY_ARGMAX)},
 	{.kind = &parity_argmax, .a.shape = {5, 7}, CHECK1("argmax", 0, WHY_ARGMAX)},
@@ -318,6 +319,13 @@ const parity_row parity_table[] = {
 	 .seed = 5000, .seed_b = 6000), CHECK1("sample", 0, WHY_SAMPLE), .seed = 10},
 	{SAMPLE(.logits = LOGITS_NORMAL, .vocab = 262144, .setting = SAMPLE_TOP_K_40, .n = 1, .n_b = 64,
 	 .seed = 5000, .seed_b = 6000), CHECK1("sample", 0, WHY_SAMPLE), .seed = 10},
+	/* rows holding a NaN (G4_SAMPLE_NAN at every setting) or one at a
+	 * suppressed id (a row like another): 40 rows, 6 blocks each, every
+	 * place with every setting; 4 rows, 64 blocks each */
+	{SAMPLE(.logits = LOGITS_NAN, .vocab = 262144, .setting = SAMPLE_ALL_SETTINGS, .n_suppress = 1,
+	 .n = 40, .seed = 7000), CHECK1("sample", 0, WHY_SAMPLE), .seed = 11},
+	{SAMPLE(.logits = LOGITS_NAN, .vocab = 262144, .setting = SAMPLE_ALL_SETTINGS, .n_suppress = 1,
+	 .n = 4, .seed = 7500), CHECK1("sample", 0, WHY_SAMPLE)},
 
 	/* ---- the KV pool: the bytes kv_store writes, both layer groups
 	 * (seed 9; pools: dtype, small) ---- */

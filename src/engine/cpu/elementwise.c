@@ -68,13 +68,16 @@ g4_cpu_embed_concat(g4_backend *be, const g4_weight *table, float scale, const i
 	if (table->n_parts != 1)
 		return G4_ERR_INTERNAL;
 	for (i = 0; i < n; i++)
-		if (ids[i] < 0 || ids[i] >= table->out)
+		if (ids[i] < G4_SAMPLE_NAN || ids[i] >= table->out)
 			return G4_ERR_INTERNAL;
 	for (i = 0; i < n; i++)
 	{
 		float	   *dst = out + (size_t) i * width;
 
-		embed_row(table, ids[i], scale, dst);
+		if (ids[i] == G4_SAMPLE_NAN)
+			memset(dst, 0, (size_t) table->in * sizeof(float));
+		else
+			embed_row(table, ids[i], scale, dst);
 		memcpy(dst + table->in, h + (size_t) i * (size_t) h_dim, (size_t) h_dim * sizeof(float));
 	}
 	return G4_OK;

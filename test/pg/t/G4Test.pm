@@ -16,11 +16,11 @@ use Test::More;
 my $instance_conf = File::Spec->rel2abs(dirname(__FILE__) . '/../instance.conf');
 
 # A node serving the tiny fixture model on the CPU backend.  Extra
-# postgresql.conf lines may be passed.
+# postgresql.conf lines may be passed, and another model directory.
 sub new_node
 {
-	my ($name, $extra) = @_;
-	my $model = $ENV{G4_MODEL_DIR} or die "G4_MODEL_DIR is not set";
+	my ($name, $extra, $model) = @_;
+	$model //= $ENV{G4_MODEL_DIR} or die "G4_MODEL_DIR is not set";
 	my $node = PostgreSQL::Test::Cluster->new($name);
 
 	$node->init(extra => [ '--encoding=UTF8', '--no-locale' ]);

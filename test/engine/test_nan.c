@@ -1,0 +1,39 @@
+/*
+ * test_nan.c — a forward pass that produces a NaN fails only the sequences
+ * whose logits hold it, with G4_ERR_NUMERIC, instead of emitting a token:
+ * in a batch, in a verify step of speculative decoding, and in scoring; a
+ * NaN in the assistant's logits only ends the drafts.  The scenarios
+ * (nan_cases.c) on the CPU backend; test/gpu/test_gpu_nan.c runs them on
+ * the CUDA backend.
+ */
+#include "harness.h"
+#include "nan_cases.h"
+#include "test.h"
+
+#define NEED_MODEL() \
+	const char *model = h_fixture_model(); \
+	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)")
+
+G4_TEST(nan_logits_fail_only_their_sequence)
+{
+	NEED_MODEL();
+	nan_case_batch(model, G4_BACKEND_CPU);
+}
+
+G4_TEST(nan_logits_fail_a_verify_step)
+{
+	NEED_MODEL();
+	nan_case_verify(model, G4_BACKEND_CPU);
+}
+
+G4_TEST(nan_draft_logits_end_the_drafts)
+{
+	NEED_MODEL();
+	nan_case_drafts(model, G4_BACKEND_CPU);
+}
+
+G4_TEST(nan_logits_fail_scoring)
+{
+	NEED_MODEL();
+	nan_case_score(model, G4_BACKEND_CPU);
+}
