@@ -166,7 +166,7 @@ kv_store_copy_kernel(store_args a)
 /* ---- turboquant_k8v4, P elements per lane ---- */
 
 /* max |x| over this lane's elements and those of the `lanes` lanes (a power
- * of two) of its aligned lane group. */
+ * of two) of its aligned lane group; NaN when one of them is NaN. */
 template <int P>
 __device__ __forceinline__ float
 group_amax(const float x[P], int lanes)
@@ -175,9 +175,9 @@ group_amax(const float x[P], int lanes)
 
 #pragma unroll
 	for (int i = 0; i < P; i++)
-		m = fmaxf(m, fabsf(x[i]));
+		m = g4_kv_amax_step(m, x[i]);
 	for (int o = lanes >> 1; o > 0; o >>= 1)
-		m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, o));
+		m = g4_kv_amax_step(m, __shfl_xor_sync(FULL_MASK, m, o));
 	return m;
 }
 

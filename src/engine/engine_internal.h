@@ -203,6 +203,9 @@ int			g4_schedule_meta(g4_engine *e, const g4_schedule *sc, g4_step_meta *meta,
 void		g4_schedule_free(g4_schedule *sc);
 /* Release a sequence's slot and KV blocks. */
 void		g4_release_slot(g4_engine *e, g4_seq *s);
+/* Withdraw the slot's blocks from the prefix cache (their content is not
+ * to be trusted); g4_release_slot still frees them. */
+void		g4_forget_slot(g4_engine *e, g4_seq *s);
 /* Free the sliding blocks no query at n_computed or later can see. */
 void		g4_seq_trim_window(g4_engine *e, g4_seq *s);
 

@@ -128,6 +128,18 @@ g4_kv_tq_vscale_off(int head_dim)
 #define G4_KV_K8_LEVELS 127.0f	/* key codes -127..127 */
 #define G4_KV_V4_STEPS 15.0f	/* value codes 0..15 mean odd multiples -15..15 */
 
+/* max(m, |x|), keeping a NaN (which fmaxf drops): a group holding one gets
+ * a NaN scale, so that it decodes to NaN and the sequence reading it fails
+ * with G4_ERR_NUMERIC, where finite codes made from it would pass unseen.
+ * Also the reduction step over partial maxima (x >= 0 or NaN). */
+static inline G4_HOSTDEV float
+g4_kv_amax_step(float m, float x)
+{
+	float		a = fabsf(x);
+
+	return (a > m || isnan(a)) ? a : m;
+}
+
 /* The f16 scale of a group whose largest magnitude is amax, rounded before
  * quantising so that encoder and decoder use the same scale; *inv = 1/scale
  * (0 for an all-zero group). */

@@ -442,6 +442,26 @@ g4_kvpool_truncate(g4_kvpool *p, int slot, int keep, int used)
 }
 
 void
+g4_kvpool_forget(g4_kvpool *p, int slot, int n_positions)
+{
+	int			nb = G4_MIN(G4_DIV_UP(n_positions, G4_KV_BLOCK_TOKENS), p->max_blocks_per_seq);
+	int			g,
+				b;
+
+	if (!p->caching)
+		return;
+	for (g = 0; g < G4_KVG_COUNT; g++)
+		for (b = 0; b < nb; b++)
+		{
+			int32_t		blk = *entry(p, g, slot, b);
+
+			/* held by the slot, so in no free list */
+			if (blk >= 0 && (p->cache[g].flags[blk] & G4_KVB_CACHED))
+				uncache(&p->cache[g], blk);
+		}
+}
+
+void
 g4_kvpool_release(g4_kvpool *p, int slot, int n_positions)
 {
 	int			g;

@@ -122,6 +122,11 @@ int			g4_kvpool_attach(g4_kvpool *p, int slot, int group, int b0, const int32_t 
  * cached under the key. */
 int32_t		g4_kvpool_register(g4_kvpool *p, int group, int32_t block, uint64_t key);
 
+/* Withdraw a slot's blocks (positions below n_positions) from the cache:
+ * no new prompt attaches them; they are freed as plain blocks when their
+ * last holder lets go. */
+void		g4_kvpool_forget(g4_kvpool *p, int slot, int n_positions);
+
 /* Mark a cached block "kept": evicted only after every ordinary one.  At
  * most keep_cap blocks are kept; past it, the longest-free kept block goes
  * back to the ordinary tier (none free: the mark is not given). */

@@ -37,15 +37,29 @@ g4_schedule_free(g4_schedule *sc)
 	memset(sc, 0, sizeof(*sc));
 }
 
+/* The positions a sequence's slot may hold blocks for: a verify step's
+ * drafts may hold blocks past the tokens. */
+static int
+slot_positions(const g4_seq *s)
+{
+	return s->n_tok + 1 + s->n_draft;
+}
+
 void
 g4_release_slot(g4_engine *e, g4_seq *s)
 {
 	if (s->slot < 0)
 		return;
-	/* a verify step's drafts may hold blocks past the tokens */
-	g4_kvpool_release(&e->kv, s->slot, s->n_tok + 1 + s->n_draft);
+	g4_kvpool_release(&e->kv, s->slot, slot_positions(s));
 	e->slot_used[s->slot] = 0;
 	s->slot = -1;
+}
+
+void
+g4_forget_slot(g4_engine *e, g4_seq *s)
+{
+	if (s->slot >= 0)
+		g4_kvpool_forget(&e->kv, s->slot, slot_positions(s));
 }
 
 void

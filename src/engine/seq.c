@@ -525,6 +525,10 @@ g4_seq_fail(g4_engine *e, g4_seq *s, int code, const char *msg, g4_event_fn fn, 
 {
 	g4_event	ev;
 
+	/* a NaN came out of this sequence's computation: its blocks, which may
+	 * hold NaN keys and values, serve no other prompt */
+	if (code == G4_ERR_NUMERIC)
+		g4_forget_slot(e, s);
 	g4_release_slot(e, s);
 	memset(&ev, 0, sizeof(ev));
 	ev.kind = G4_EV_ERROR;

@@ -131,65 +131,150 @@ run_alone(g4_engine *e, const g4_request *req, h_result *res, g4_err *err)
 void
 nan_case_batch(const char *model, int backend)
 {
+	static const struct
+	{
+		int			dtype;
+		const char *name;
+	}			pools[] = {{G4_KV_F32, "f32"}, {G4_KV_BF16, "bf16"}, {G4_KV_TURBOQUANT_K8V4, "turboquant_k8v4"}};
 	char		dir[4096];
 	short_case	sc;
 	int32_t    *bad;
-	g4_options	o;
-	g4_engine  *e;
-	g4_err		err;
-	g4_request	req;
-	h_result	res[3];
-	h_run		run = {res, 3};
-	g4_stats	st;
+	size_t		p;
 	int			i;
 
 	CHECK(short_case_load(&sc) == 0);
 	CHECK(nan_copy(model, "nan-target", dir, sizeof(dir)) == 0);
-	/* the golden prompt with the NaN id inside */
+	/* the golden prompt with the NaN id inside: the last position reads
+	 * its keys and values from the pool */
 	bad = malloc((size_t) (sc.n_ids + 1) * sizeof(int32_t));
 	CHECK(bad != NULL);
 	memcpy(bad, sc.ids, (size_t) sc.n_ids * sizeof(int32_t));
 	bad[sc.n_ids] = bad[sc.n_ids - 1];
 	bad[sc.n_ids - 1] = NAN_CASE_ID;
 
-	options(&o, dir, backend);
-	CHECK_OK(g4_open(&o, &e, &err), &err);
-	memset(res, 0, sizeof(res));
-	h_attach_tokens(e, &run);
-	h_token_request(&req, sc.ids, sc.n_ids, sc.n_greedy);
-	CHECK_OK(g4_submit(e, &req, &res[0].id, &err), &err);
-	for (i = 1; i < 3; i++)
+	for (p = 0; p < G4_ARRAY_LEN(pools); p++)
 	{
-		h_token_request(&req, bad, sc.n_ids + 1, 16);
-		req.sampling.temperature = i == 1 ? 0.0f : 0.8f;
-		req.sampling.top_p = 0.9f;
-		req.sampling.seed = 7;
-		req.sampling.has_seed = 1;
-		CHECK_OK(g4_submit(e, &req, &res[i].id, &err), &err);
+		const char *pool = pools[p].name;
+		g4_options	o;
+		g4_engine  *e;
+		g4_err		err;
+		g4_request	req;
+		h_result	res[3];
+		h_run		run = {res, 3};
+		g4_stats	st;
+
+		options(&o, dir, backend);
+		o.kv_dtype = pools[p].dtype;
+		CHECK_OK(g4_open(&o, &e, &err), &err);
+		memset(res, 0, sizeof(res));
+		h_attach_tokens(e, &run);
+		h_token_request(&req, sc.ids, sc.n_ids, sc.n_greedy);
+		CHECK_OK(g4_submit(e, &req, &res[0].id, &err), &err);
+		for (i = 1; i < 3; i++)
+		{
+			h_token_request(&req, bad, sc.n_ids + 1, 16);
+			req.sampling.temperature = i == 1 ? 0.0f : 0.8f;
+			req.sampling.top_p = 0.9f;
+			req.sampling.seed = 7;
+			req.sampling.has_seed = 1;
+			CHECK_OK(g4_submit(e, &req, &res[i].id, &err), &err);
+		}
+		CHECK_OK(h_drain(e, &run, 1000, &err), &err);
+		for (i = 1; i < 3; i++)
+		{
+			CHECK_MSG(res[i].failed, "%s pool: request %d with the NaN id finished (%d tokens, the first %d)", pool,
+					  i, res[i].n_tokens, res[i].n_tokens ? res[i].tokens[0] : -1);
+			CHECK_INT(res[i].error_code, G4_ERR_NUMERIC);
+			CHECK_MSG(strstr(res[i].error, "non-finite") && strstr(res[i].error, "NaN"), "%s", res[i].error);
+			CHECK_INT(res[i].n_tokens, 0);
+		}
+		/* the quantised pools' greedy output is the CPU's own, not
+		 * transformers' (test_kv): only the f32 pool's is compared */
+		CHECK_MSG(!res[0].failed && res[0].finished, "%s pool: the clean request failed: %s", pool, res[0].error);
+		CHECK_INT(res[0].n_tokens, sc.n_greedy);
+		for (i = 0; pools[p].dtype == G4_KV_F32 && i < sc.n_greedy; i++)
+			CHECK_MSG(res[0].tokens[i] == sc.greedy[i], "greedy token %d is %d, transformers %d", i,
+					  res[0].tokens[i], sc.greedy[i]);
+		CHECK_INT(kv_used(e), 0);
+		CHECK(!g4_has_work(e));
+		g4_stats_get(e, &st);
+		CHECK_INT(st.requests_failed, 2);
+		CHECK_INT(st.requests_finished, 1);
+		for (i = 0; i < 3; i++)
+			h_result_free(&res[i]);
+		g4_close(e);
 	}
-	CHECK_OK(h_drain(e, &run, 1000, &err), &err);
-	for (i = 1; i < 3; i++)
-	{
-		CHECK_MSG(res[i].failed, "request %d with the NaN id finished (%d tokens, the first %d)", i,
-				  res[i].n_tokens, res[i].n_tokens ? res[i].tokens[0] : -1);
-		CHECK_INT(res[i].error_code, G4_ERR_NUMERIC);
-		CHECK_MSG(strstr(res[i].error, "non-finite") && strstr(res[i].error, "NaN"), "%s", res[i].error);
-		CHECK_INT(res[i].n_tokens, 0);
-	}
-	CHECK_MSG(!res[0].failed && res[0].finished, "the clean request failed: %s", res[0].error);
-	CHECK_INT(res[0].n_tokens, sc.n_greedy);
-	for (i = 0; i < sc.n_greedy; i++)
-		CHECK_MSG(res[0].tokens[i] == sc.greedy[i], "greedy token %d is %d, transformers %d", i,
-				  res[0].tokens[i], sc.greedy[i]);
-	CHECK_INT(kv_used(e), 0);
-	CHECK(!g4_has_work(e));
-	g4_stats_get(e, &st);
-	CHECK_INT(st.requests_failed, 2);
-	CHECK_INT(st.requests_finished, 1);
-	for (i = 0; i < 3; i++)
-		h_result_free(&res[i]);
-	g4_close(e);
 	free(bad);
+	short_case_free(&sc);
+}
+
+/* The blocks the prefix cache supplied so far, all groups. */
+static uint64_t
+prefix_hits(g4_engine *e)
+{
+	g4_stats	st;
+	uint64_t	hits = 0;
+	int			g;
+
+	g4_stats_get(e, &st);
+	for (g = 0; g < st.n_groups; g++)
+		hits += st.groups[g].prefix_hits;
+	return hits;
+}
+
+void
+nan_case_prefix(const char *model, int backend)
+{
+	enum
+	{
+		N = 41					/* two whole blocks and a token */
+	};
+	char		dir[4096];
+	short_case	sc;
+	int32_t		clean[N],
+				bad[N];
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_request	req;
+	h_result	res;
+	uint64_t	hits;
+	int			i;
+
+	CHECK(short_case_load(&sc) == 0);
+	CHECK(nan_copy(model, "nan-target", dir, sizeof(dir)) == 0);
+	for (i = 0; i < N; i++)
+		clean[i] = bad[i] = sc.ids[i % sc.n_ids];
+	bad[20] = NAN_CASE_ID;		/* in the second block */
+	options(&o, dir, backend);
+	o.enable_prefix_caching = 1;
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+
+	/* the cache serves a clean prompt's blocks to its repeat */
+	for (i = 0; i < 2; i++)
+	{
+		h_token_request(&req, clean, N, 1);
+		CHECK_OK(run_alone(e, &req, &res, &err), &err);
+		CHECK_MSG(!res.failed, "%s", res.error);
+		h_result_free(&res);
+	}
+	hits = prefix_hits(e);
+	CHECK_MSG(hits > 0, "the clean prompt's repeat found nothing in the cache");
+
+	/* not the blocks of a sequence that met a NaN (the first run takes
+	 * the clean prompt's first block, which it shares) */
+	for (i = 0; i < 2; i++)
+	{
+		hits = prefix_hits(e);
+		h_token_request(&req, bad, N, 1);
+		CHECK_OK(run_alone(e, &req, &res, &err), &err);
+		CHECK_MSG(res.failed && res.error_code == G4_ERR_NUMERIC, "run %d: %s", i, res.failed ? res.error : "finished");
+		h_result_free(&res);
+	}
+	CHECK_MSG(prefix_hits(e) == hits, "the NaN prompt's repeat took %llu blocks from the cache",
+			  (unsigned long long) (prefix_hits(e) - hits));
+	CHECK_INT(kv_used(e), 0);
+	g4_close(e);
 	short_case_free(&sc);
 }
 

@@ -8,8 +8,8 @@
  * to the output head, so every logits row gets a NaN at that id too; it is
  * one of the ids the generation config suppresses, so that NaN is
  * overwritten with -inf before the choice, and only a sequence whose prompt
- * holds the id (its hidden states NaN from there on, through the f32 KV
- * pool) has NaN rows.  The same copy of the assistant makes every draft
+ * holds the id (its hidden states NaN from there on, through the KV pool:
+ * a quantised slot holding a NaN stores a NaN scale) has NaN rows.  The same copy of the assistant makes every draft
  * pass's row NaN.
  *
  * Each scenario reports its failures through the test harness and returns.
@@ -20,10 +20,16 @@
 #define NAN_CASE_ID 22
 
 /* In one batch, the golden prompt and two holding the NaN id (greedy,
- * sampled): the two fail at their first token with G4_ERR_NUMERIC, having
- * emitted nothing; the golden prompt gives transformers' greedy tokens; the
- * pool holds no block afterwards. */
+ * sampled), in each KV dtype: the two fail at their first token with
+ * G4_ERR_NUMERIC, having emitted nothing; the golden prompt finishes (with
+ * transformers' greedy tokens in the f32 pool); the pool holds no block
+ * afterwards. */
 void		nan_case_batch(const char *model, int backend);
+
+/* The prefix cache offers no block of a sequence that met a NaN, not even
+ * one it took from the cache: the repeat of a prompt holding the NaN id
+ * takes nothing from it, where the repeat of a clean prompt does. */
+void		nan_case_prefix(const char *model, int backend);
 
 /* A verify step whose rows after an accepted draft hold a NaN fails the
  * sequence at the first of them, greedy and sampled (the draft, the NaN

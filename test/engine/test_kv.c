@@ -132,6 +132,64 @@ G4_TEST(kv_codec_error_bounds)
 	}
 }
 
+/* A NaN in a key or value reaches its slot's decode as NaN in every dtype
+ * (the quantised ones store a NaN scale: fmaxf would have dropped it and
+ * left finite codes), and only that slot: the slot beside it decodes as it
+ * was stored. */
+G4_TEST(kv_nan_is_kept_by_every_dtype)
+{
+	static const int dtypes[] = {G4_KV_F32, G4_KV_BF16, G4_KV_TURBOQUANT_K8V4};
+	size_t		d;
+	int			k_eq_v,
+				in_key,
+				i;
+
+	for (d = 0; d < G4_ARRAY_LEN(dtypes); d++)
+		for (k_eq_v = 0; k_eq_v < 2; k_eq_v++)
+			for (in_key = 0; in_key < 2 - k_eq_v; in_key++)
+			{
+				const int	hd = 256;
+				size_t		hb = g4_kv_head_block_bytes(dtypes[d], hd, k_eq_v);
+				uint8_t    *blk = calloc(1, hb);
+				float		k[256],
+							v[256],
+							dk[256],
+							dv[256],
+							before_k[256],
+							before_v[256];
+				int			nan_k = 0,
+							nan_v = 0;
+
+				CHECK(blk);
+				for (i = 0; i < hd; i++)
+				{
+					k[i] = h_normal(&rng_state);
+					v[i] = h_normal(&rng_state);
+				}
+				g4_kv_encode_head(dtypes[d], k_eq_v, hd, blk, 1, k_eq_v ? NULL : k, v);
+				g4_kv_decode_k(dtypes[d], k_eq_v, hd, blk, 1, before_k);
+				g4_kv_decode_v(dtypes[d], k_eq_v, hd, blk, 1, before_v);
+				(in_key ? k : v)[37] = NAN;
+				g4_kv_encode_head(dtypes[d], k_eq_v, hd, blk, 0, k_eq_v ? NULL : k, v);
+				g4_kv_decode_k(dtypes[d], k_eq_v, hd, blk, 0, dk);
+				g4_kv_decode_v(dtypes[d], k_eq_v, hd, blk, 0, dv);
+				for (i = 0; i < hd; i++)
+				{
+					nan_k += isnan(dk[i]);
+					nan_v += isnan(dv[i]);
+				}
+				/* the key of a k_eq_v layer is its value */
+				CHECK_MSG(in_key || k_eq_v ? nan_k > 0 : nan_k == 0, "dtype %d k_eq_v %d NaN in the %s: %d NaN keys",
+						  dtypes[d], k_eq_v, in_key ? "key" : "value", nan_k);
+				CHECK_MSG(in_key ? nan_v == 0 : nan_v > 0, "dtype %d k_eq_v %d NaN in the %s: %d NaN values",
+						  dtypes[d], k_eq_v, in_key ? "key" : "value", nan_v);
+				g4_kv_decode_k(dtypes[d], k_eq_v, hd, blk, 1, dk);
+				g4_kv_decode_v(dtypes[d], k_eq_v, hd, blk, 1, dv);
+				CHECK(memcmp(dk, before_k, sizeof(dk)) == 0 && memcmp(dv, before_v, sizeof(dv)) == 0);
+				free(blk);
+			}
+}
+
 /* The value codes: every level decodes to an odd multiple of the scale,
  * each level encodes back to its own code, the extremes are exact and an
  * all-zero group decodes to zeros. */

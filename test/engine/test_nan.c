@@ -1,7 +1,8 @@
 /*
  * test_nan.c — a forward pass that produces a NaN fails only the sequences
  * whose logits hold it, with G4_ERR_NUMERIC, instead of emitting a token:
- * in a batch, in a verify step of speculative decoding, and in scoring; a
+ * in a batch (in every KV dtype), in a verify step of speculative
+ * decoding, and in scoring, and their blocks leave the prefix cache; a
  * NaN in the assistant's logits only ends the drafts.  The scenarios
  * (nan_cases.c) on the CPU backend; test/gpu/test_gpu_nan.c runs them on
  * the CUDA backend.
@@ -18,6 +19,12 @@ G4_TEST(nan_logits_fail_only_their_sequence)
 {
 	NEED_MODEL();
 	nan_case_batch(model, G4_BACKEND_CPU);
+}
+
+G4_TEST(nan_blocks_leave_the_prefix_cache)
+{
+	NEED_MODEL();
+	nan_case_prefix(model, G4_BACKEND_CPU);
 }
 
 G4_TEST(nan_logits_fail_a_verify_step)

@@ -217,7 +217,8 @@ typedef struct
  * backend's), their keys per block (G4_ATTN_GEMM_KEYS; 0: the
  * backend's), and the mma.sync prefill and k_eq_v decode kernels where
  * the warpgroup-MMA ones would serve (G4_ATTN_PREFILL=mma,
- * G4_ATTN_DECODE_FULL=mma) */
+ * G4_ATTN_DECODE_FULL=mma); kv_store only: NaN planted in some keys and
+ * values (nans) */
 typedef struct
 {
 	int			dtype,
@@ -228,7 +229,8 @@ typedef struct
 				full_rope,
 				gemm_scores,
 				gemm_keys,
-				mma_sync;
+				mma_sync,
+				nans;
 } pool_args;
 
 typedef struct

@@ -148,11 +148,13 @@ layer_of(const pool_t *P, int g, int index, int gpu, float scale)
 }
 
 /* Store random K/V for n tokens (slots/positions in mb) into layer `index`
- * of group g on the CPU and, when `compare`, on the GPU; returns the bytes
- * of the layer that differ.  Called in a loop (fill_context): frees what it
+ * of group g on the CPU and, when `compare`, on the GPU; with `nans`, a NaN
+ * in the keys of every fifth token and the values of every seventh (a
+ * quantised slot stores a NaN scale for it).  Returns the bytes of the
+ * layer that differ.  Called in a loop (fill_context): frees what it
  * makes. */
 static size_t
-store_both(pool_t *P, meta_buf *mb, int g, int index, float kstd, int exact16, int compare)
+store_both(pool_t *P, meta_buf *mb, int g, int index, float kstd, int exact16, int nans, int compare)
 {
 	int			n = mb->n;
 	int			hd = P->hd[g],
@@ -177,6 +179,15 @@ store_both(pool_t *P, meta_buf *mb, int g, int index, float kstd, int exact16, i
 	}
 	else
 		fill_normal(kv, len, kstd);
+	for (i = 0; nans && i < (size_t) n; i++)
+	{
+		float	   *row = kv + i * (size_t) stride;
+
+		if (i % 5 == 0)
+			row[(i * 13) % (size_t) (nkv * hd)] = NAN;
+		if (i % 7 == 3)
+			row[nkv * hd + (i * 29) % (size_t) (nkv * hd)] = NAN;
+	}
 	both_step(&m);
 	if (cpu_be->ops->kv_store(cpu_be, &Lc, P->keqv[g] ? NULL : kv, stride, kv + nkv * hd, stride, n) != G4_OK)
 		parity_abort("kv_store failed on the CPU");
@@ -212,8 +223,8 @@ kv_store_describe(const parity_row *r, int i, char *label, size_t size)
 				keqv;
 
 	pool_geometry(r->a.pool.small, r->each[i], &hd, &nkv, &keqv);
-	snprintf(label, size, "%s hd=%d kv_heads=%d%s (bytes differing)", dtype_name(r->a.pool.dtype), hd, nkv,
-			 keqv ? " k_eq_v" : "");
+	snprintf(label, size, "%s hd=%d kv_heads=%d%s%s (bytes differing)", dtype_name(r->a.pool.dtype), hd, nkv,
+			 keqv ? " k_eq_v" : "", r->a.pool.nans ? " NaN in some keys and values" : "");
 	return 1;
 }
 
@@ -239,7 +250,7 @@ kv_store_run(const parity_row *r, void *fx, int i, double *metric)
 {
 	store_fixture *f = fx;
 
-	metric[0] = (double) store_both(&f->P, &f->mb, r->each[i], 1, 1.5f, 0, 1);
+	metric[0] = (double) store_both(&f->P, &f->mb, r->each[i], 1, 1.5f, 0, r->a.pool.nans, 1);
 }
 
 const parity_kind parity_kv_store = {
@@ -284,7 +295,7 @@ fill_context(pool_t *P, int g, int index, int exact16)
 			mb.slot[i] = ss;
 			mb.pos[i] = kk;
 		}
-		store_both(P, &mb, g, index, 1.0f, exact16, 0);
+		store_both(P, &mb, g, index, 1.0f, exact16, 0, 0);
 	}
 	gpu_put(P->gpu.base[g] + (size_t) index * P->cpu.layer_stride[g],
 			P->cpu.base[g] + (size_t) index * P->cpu.layer_stride[g], P->cpu.layer_stride[g]);

@@ -335,6 +335,8 @@ const parity_row parity_table[] = {
 	{KV(G4_KV_F32, 1), CHECK1("kv_store", 0, WHY_KV_STORE)},
 	{KV(G4_KV_BF16, 1), CHECK1("kv_store", 0, WHY_KV_STORE)},
 	{KV(G4_KV_TURBOQUANT_K8V4, 1), CHECK1("kv_store", 0, WHY_KV_STORE)},
+	{KV(G4_KV_BF16, 0, .nans = 1), CHECK1("kv_store", 0, WHY_KV_STORE)},
+	{KV(G4_KV_TURBOQUANT_K8V4, 0, .nans = 1), CHECK1("kv_store", 0, WHY_KV_STORE)},
 
 	/*
 	 * ---- attention ----

@@ -20,6 +20,12 @@ G4_TEST(gpu_nan_logits_fail_only_their_sequence)
 	nan_case_batch(model, G4_BACKEND_CUDA);
 }
 
+G4_TEST(gpu_nan_blocks_leave_the_prefix_cache)
+{
+	NEED_GPU_MODEL();
+	nan_case_prefix(model, G4_BACKEND_CUDA);
+}
+
 G4_TEST(gpu_nan_logits_fail_a_verify_step)
 {
 	NEED_GPU_MODEL();

@@ -34,7 +34,7 @@ amax(const float *x, int n)
 	int			i;
 
 	for (i = 0; i < n; i++)
-		m = fmaxf(m, fabsf(x[i]));
+		m = g4_kv_amax_step(m, x[i]);
 	return m;
 }
 
