@@ -794,6 +794,9 @@ handle_frame(uint32 type, const char *body, size_t len)
 				publish_stats(&st, body + sizeof(st), st.n_seqs);
 				return true;
 			}
+		case G4F_HEARTBEAT:
+			/* reading it was the progress (read_engine) */
+			return len == 0;
 		case G4F_SUBMIT:
 		case G4F_CANCEL:
 			break;
@@ -1165,11 +1168,14 @@ bump(uint64 *counter)
 }
 
 /*
- * The watchdog: an engine that has requests and sends nothing (no text, no
- * statistics, which it sends every 0.1 s while busy) for
+ * The watchdog: an engine that has requests and sends nothing for
  * gemma4.engine_stall_timeout is hung (stopped, deadlocked, stuck in a
- * device call).  It is reported as stalled and killed; the exit path fails
- * its requests (58000) and restarts it.
+ * device call).  A working one sends statistics every 0.1 s between steps
+ * and heartbeats every 0.1 s from inside a long step (between layers), so a
+ * step that takes long is no stall.  On CUDA a step's final wait for the
+ * device sends nothing: a device that hangs is caught here.  It is reported
+ * as stalled and killed; the exit path fails its requests (58000) and
+ * restarts it.
  */
 static void
 watch_engine(void)
