@@ -178,6 +178,8 @@ g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
 	if (!e)
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 	e->opts = *opts;
+	e->progress.fn = opts->progress;
+	e->progress.ctx = opts->progress_ctx;
 	e->channel_open = e->channel_close = -1;
 	g4_rng_seed(&e->seeder, (uint64_t) (g4_now() * 1e9));
 	g4_prefix_key_init(e->prefix_key);
@@ -193,6 +195,7 @@ g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
 		return rc;
 	}
 	c = &e->model->cfg;
+	e->model->progress = &e->progress;
 	if (g4_tok_vocab_size(e->tok) > c->vocab_size)
 	{
 		rc = g4_fail(err, G4_ERR_FORMAT, "the tokenizer has %d tokens but the model's embedding only %d rows",
@@ -591,6 +594,7 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 
 	if (e->n_seqs == 0)
 		return 0;
+	g4_progress_start(&e->progress);
 	memset(&sc, 0, sizeof(sc));
 	se.fn = fn;
 	se.ctx = ctx;

@@ -51,6 +51,28 @@ typedef struct
 
 const char *g4_status_name(int code);
 
+/* ---- progress of a long call ------------------------------------------ */
+
+/*
+ * One step can take long and still be working: a large prefill chunk of a
+ * big model on the CPU backend takes minutes, as may embedding a large
+ * image or audio clip at submission.  An embedder that watches for hangs
+ * hears of such a call through g4_options.progress: it is called inside
+ * g4_step, g4_score and the submission of a request with media, on the
+ * caller's thread (between layers of the forward pass, between media items
+ * and audio chunks), once the call has run G4_PROGRESS_INTERVAL seconds and
+ * then at most every G4_PROGRESS_INTERVAL.  Shorter calls never report.  It
+ * must not call back into the engine.
+ *
+ * On the CUDA backend the forward pass only queues the device's work and
+ * waits for it at the end of the step: reports then say the host is still
+ * queueing, and the final wait sends none, so a device that hangs stays
+ * silent (and a watchdog still sees it).
+ */
+typedef void (*g4_progress_fn) (void *ctx);
+
+#define G4_PROGRESS_INTERVAL 0.1	/* seconds */
+
 /* ---- options --------------------------------------------------------- */
 
 typedef enum
@@ -88,6 +110,8 @@ typedef struct
 	int			num_speculative_tokens;
 	int			mask_variant;	/* g4_mask_variant */
 	int			verbose;		/* log loading progress to stderr */
+	g4_progress_fn progress;	/* progress of long calls (see above), may be NULL */
+	void	   *progress_ctx;
 	/* prefix caching */
 	int			enable_prefix_caching;	/* share the KV blocks of common prompt prefixes (default 1) */
 	/* mtp: speculative decoding with draft_model_path */

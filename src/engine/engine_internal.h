@@ -15,6 +15,7 @@
 #include "prefix_cache.h"
 #include "sampler.h"
 #include "tokenizer.h"
+#include "util.h"
 
 typedef struct g4_seq
 {
@@ -124,6 +125,10 @@ struct g4_engine
 	int			st_cap_embeds;
 	float	   *logits_host;	/* [max_logits][vocab] */
 	g4_sampler_scratch scratch;
+
+	/* progress reports of long calls (g4_options.progress); the model
+	 * points here */
+	g4_progress progress;
 
 	/* statistics */
 	g4_stats	stats;

@@ -100,6 +100,7 @@ embed_audio(g4_model *m, const g4_media_input *in, float *rows, g4_err *err)
 		TRY(be->ops->download(be, rows + t0 * H, out, (size_t) n * H * sizeof(float)));
 		if ((rc = be->ops->sync(be, err)) != G4_OK)
 			goto done;
+		g4_progress_tick(m->progress);
 	}
 done:
 	if (rc != G4_OK)

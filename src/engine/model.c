@@ -261,6 +261,15 @@ issue_step(g4_model *m, g4_workspace *ws, const g4_step_meta *meta, const g4_emb
 
 		if (attention_block(m, ws, ly, i > 0, T, err) != G4_OK || mlp_block(m, ws, ly, next, T, err) != G4_OK)
 			return g4_fail_ctx(err, "layer %d", i);
+
+		/*
+		 * A layer done on the CPU backend (its worker threads have joined:
+		 * this is the calling thread).  On CUDA a layer is only queued
+		 * here, so a report says the host is queueing; the device's own
+		 * progress is not reported (a device that hangs stays silent in
+		 * the step's final wait).
+		 */
+		g4_progress_tick(m->progress);
 	}
 	if (meta->n_logits > 0)
 		TRY(issue_logits(m, ws, meta->n_logits, err));

@@ -64,6 +64,9 @@ typedef struct g4_model
 	/* target only: positions before the sliding window an assistant still
 	 * reads (the KV pool keeps them) */
 	int			sliding_keep_extra;
+	/* target only: the engine's progress reports, ticked between layers and
+	 * media items (NULL for the assistant: its passes are a few rows) */
+	struct g4_progress *progress;
 	/* checkpoint sources kept open: CPU weights point into their mappings */
 	struct g4_safetensors *st;
 	struct g4_gguf *gguf;

@@ -40,6 +40,7 @@ g4_score(g4_engine *e, const int32_t *ids, int n, int first_logit, g4_logits_fn 
 			return g4_fail(err, G4_ERR_INVALID, "token id %d at position %d is outside the vocabulary (%d)",
 						   ids[i], i, V);
 
+	g4_progress_start(&e->progress);
 	/* a text-only prompt in slot 0, as the scheduler would describe it */
 	memset(&s, 0, sizeof(s));
 	s.tok = (int32_t *) ids;

@@ -226,6 +226,7 @@ g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err)
 
 	if (s->n_media_in == 0)
 		return G4_OK;
+	g4_progress_start(&e->progress);
 	s->embed_rows = g4_malloc((size_t) G4_MAX(s->n_embeds, 1) * H * sizeof(float));
 	if (!s->embed_rows)
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory for %d soft-token rows", s->n_embeds);
@@ -241,6 +242,7 @@ g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err)
 		e->stats.audio_seconds += in->seconds;
 		e->stats.media_decode_seconds += in->decode_seconds;
 		g4_media_input_free(in);
+		g4_progress_tick(&e->progress);
 	}
 	free(s->media_in);
 	s->media_in = NULL;

@@ -195,6 +195,27 @@ g4_now(void)
 	return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
 }
 
+void
+g4_progress_start(g4_progress *p)
+{
+	if (p->fn)
+		p->last = g4_now();
+}
+
+void
+g4_progress_tick(g4_progress *p)
+{
+	double		now;
+
+	if (!p || !p->fn)
+		return;
+	now = g4_now();
+	if (now - p->last < G4_PROGRESS_INTERVAL)
+		return;
+	p->last = now;
+	p->fn(p->ctx);
+}
+
 int
 g4_read_file(const char *path, char **out, size_t *len, g4_err *err)
 {

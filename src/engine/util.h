@@ -48,6 +48,21 @@ uint64_t	g4_load_le(const uint8_t *b, size_t n);
 /* Monotonic clock in seconds. */
 double		g4_now(void);
 
+/* Progress reports of a long call (g4_options.progress): g4_progress_start
+ * when the call begins, g4_progress_tick between its units of work, both on
+ * the calling thread.  A tick reads the clock once and calls fn when
+ * G4_PROGRESS_INTERVAL has passed since the start or the last report. */
+typedef struct g4_progress
+{
+	g4_progress_fn fn;			/* NULL: nobody listens */
+	void	   *ctx;
+	double		last;			/* the call's start or the last report */
+} g4_progress;
+
+void		g4_progress_start(g4_progress *p);
+/* p may be NULL (a model whose passes nobody waits on) */
+void		g4_progress_tick(g4_progress *p);
+
 /* Read a whole file into a NUL-terminated malloc'd buffer. */
 int			g4_read_file(const char *path, char **out, size_t *len, g4_err *err);
 

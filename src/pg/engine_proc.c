@@ -22,7 +22,9 @@
  * run one engine step over all live sequences, so requests arriving
  * together share forward passes; events become frames.  Statistics go out
  * at most every STATS_INTERVAL, and at once when the engine falls idle so
- * the views show an empty pool.
+ * the views show an empty pool.  A step that runs longer (a large prefill
+ * chunk on the CPU) sends heartbeats from inside, on the engine's progress
+ * reports, so the supervisor's watchdog tells it from a hung one.
  *
  * Submissions are prepared off the loop: a few preparation threads
  * tokenise and format each request (g4_prepare; gemma_tokenize and
@@ -190,6 +192,7 @@ static bool send_reply(EngineProc *ep, uint32 type, uint64 request_id, const voi
 					   size_t unit);
 static void send_finish(EngineProc *ep, uint64 request_id, int prompt_tokens, int completion_tokens);
 static void send_stats(EngineProc *ep);
+static void send_heartbeat(void *ctx);
 static void flush_out(EngineProc *ep);
 static void copy_str(char *dst, size_t size, const char *src);
 static double now_seconds(void);
@@ -425,6 +428,8 @@ load_engine(EngineProc *ep, const G4EngineConfig *cfg)
 	o.num_speculative_tokens = cfg->num_speculative_tokens;
 	o.enable_prefix_caching = cfg->enable_prefix_caching;
 	o.spec_max_batch = cfg->speculative_max_batch;
+	o.progress = send_heartbeat;
+	o.progress_ctx = ep;
 	memset(&err, 0, sizeof(err));
 	if (ep->api.open(&o, &ep->e, &err) != G4_OK)
 		fail_and_exit(ep, G4F_LOAD_FAILED, err.code, err.msg);
@@ -1155,6 +1160,25 @@ send_stats(EngineProc *ep)
 		out_of_memory(ep);
 	ep->stats_dirty = false;
 	ep->stats_at = now_seconds();
+}
+
+/*
+ * The engine's progress report from inside a long step (this thread):
+ * anything written counts as progress for the supervisor's watchdog.  Never
+ * waits: a socket that takes nothing now means the supervisor is behind,
+ * not this process, and the buffered bytes go with the step's next flush.
+ * While frames are buffered they are what goes out, so at most one
+ * heartbeat waits in the buffer.
+ */
+static void
+send_heartbeat(void *ctx)
+{
+	EngineProc *ep = ctx;
+
+	if (g4buf_pending(&ep->out) == 0 && !g4p_put_frame(&ep->out, G4F_HEARTBEAT, NULL, 0, NULL, 0))
+		return;					/* no memory for 8 bytes: the next report tries again */
+	if (g4p_write(ep->sock, &ep->out) < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+		_exit(EXIT_SOCKET);		/* the supervisor is gone */
 }
 
 /* Write everything buffered, waiting for the socket as needed. */

@@ -277,7 +277,8 @@ typedef enum G4FrameType
 	G4F_FINISH,					/* E: G4WireFinish */
 	G4F_ERROR,					/* E: G4WireError */
 	G4F_STATS,					/* E: G4WireStats + G4WireSeq[n_seqs] */
-	G4F_FATAL					/* E: G4WireError, then the process exits */
+	G4F_FATAL,					/* E: G4WireError, then the process exits */
+	G4F_HEARTBEAT				/* E: no body; a long step is still working */
 } G4FrameType;
 
 /* A frame on the socket: this header, then len bytes of body. */

@@ -254,7 +254,7 @@ define_server_gucs(void)
 {
 	DefineCustomIntVariable("gemma4.engine_stall_timeout",
 							"Time the engine may make no progress while requests wait before it is restarted.",
-							"The requests in flight fail; 0 disables the watchdog.",
+							"The requests in flight fail; 0 disables the watchdog. A long step is no stall: the engine reports progress from inside it.",
 							&g4_engine_stall_timeout,
 							60000, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_MS,

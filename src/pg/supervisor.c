@@ -24,7 +24,11 @@
  * It only ever sends to a reply queue without waiting; what a slow reader
  * cannot take yet is buffered per request, so one reader never stalls the
  * batch.  Nothing here waits on the engine process either: the socket is
- * non-blocking and outgoing frames are buffered too.
+ * non-blocking and outgoing frames are buffered too, and a dead or killed
+ * process is collected with WNOHANG as the loop goes round: one stuck in
+ * the kernel after SIGKILL (uninterruptible device I/O) cannot block the
+ * supervisor, which fails its requests after ENGINE_EXIT_WAIT_MS and starts
+ * a new engine once the old one is collected.
  *
  * IDENTIFICATION
  *	  src/pg/supervisor.c
@@ -58,6 +62,14 @@
 #define STABLE_UPTIME_MS		60000
 /* How long a stopping engine process gets before SIGKILL. */
 #define ENGINE_STOP_WAIT_MS		5000
+/*
+ * How long a killed engine process gets to exit.  It takes milliseconds, a
+ * CUDA context's teardown seconds; one stuck in the kernel (uninterruptible
+ * device I/O) dies only when that call returns.  Past this its requests
+ * fail without its exit status, and the supervisor's own exit stops waiting
+ * for it.
+ */
+#define ENGINE_EXIT_WAIT_MS		5000
 /* Socket reads per wakeup, so a chatty engine cannot starve the slots. */
 #define READS_PER_WAKEUP		16
 
@@ -99,6 +111,11 @@ static TimestampTz engine_ready_at = 0;
 static char engine_fatal[G4_MSG_LEN];
 /* watchdog: when the engine last sent anything, or fell idle */
 static TimestampTz engine_progress_at = 0;
+/* when the supervisor sent the engine process SIGKILL; 0 if it did not */
+static TimestampTz engine_killed_at = 0;
+/* the killed process outlived ENGINE_EXIT_WAIT_MS: its socket is closed,
+ * its requests failed; it is still collected before a new one starts */
+static bool engine_abandoned = false;
 
 static bool waiting_for_reload = false;
 static TimestampTz restart_at = 0;
@@ -117,8 +134,13 @@ static void start_engine(void);
 static bool prepare_config(void);
 static void schedule_restart(const char *why);
 static void stop_engine(void);
+static bool wait_engine_exit(int timeout_ms);
+static void kill_engine(G4WorkerState state, const char *reason);
 static void reap_engine(void);
+static void abandon_engine(void);
 static void engine_exited(int status);
+static int	end_engine_requests(const char *how);
+static void close_engine_socket(void);
 static void read_engine(void);
 static bool handle_frame(uint32 type, const char *body, size_t len);
 static void write_engine(void);
@@ -257,7 +279,11 @@ handle_sigchld(SIGNAL_ARGS)
 /*
  * before_shmem_exit callback, also run when the supervisor fails with an
  * error: the engine process must not outlive it (it would also die of
- * PR_SET_PDEATHSIG), and backends must see it is gone.
+ * PR_SET_PDEATHSIG), and backends must see it is gone.  The wait for it is
+ * bounded: one stuck in the kernel must not hold up the supervisor's exit
+ * (and the server's shutdown).  Killed already, it ends when that call
+ * returns, and init collects it; a new supervisor's engine may meanwhile
+ * find less device memory free.
  */
 static void
 supervisor_exit(int code, Datum arg)
@@ -267,8 +293,7 @@ supervisor_exit(int code, Datum arg)
 	if (engine_pid > 0)
 	{
 		(void) kill(engine_pid, SIGKILL);
-		while (waitpid(engine_pid, NULL, 0) < 0 && errno == EINTR)
-			;
+		(void) wait_engine_exit(ENGINE_EXIT_WAIT_MS);
 		engine_pid = 0;
 	}
 	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
@@ -376,6 +401,8 @@ start_engine(void)
 	engine_pid = pid;
 	engine_sock = sv[0];
 	engine_ready = false;
+	engine_killed_at = 0;
+	engine_abandoned = false;
 	engine_load_failed = false;
 	engine_fatal[0] = '\0';
 	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
@@ -467,32 +494,69 @@ schedule_restart(const char *why)
 			 errdetail("%s", reason)));
 }
 
-/* Stop the engine process on shutdown: EOF first, SIGKILL if it lingers. */
+/*
+ * Stop the engine process on shutdown: EOF first, SIGKILL if it lingers
+ * (at once if it was killed already).  Like supervisor_exit, this waits a
+ * bounded time for a process stuck in the kernel.
+ */
 static void
 stop_engine(void)
 {
-	int			waited = 0;
-
 	if (engine_pid == 0)
 		return;
-	close(engine_sock);
-	engine_sock = -1;
-	while (waitpid(engine_pid, NULL, WNOHANG) == 0)
+	close_engine_socket();
+	if (engine_killed_at != 0 || !wait_engine_exit(ENGINE_STOP_WAIT_MS))
 	{
-		if (waited >= ENGINE_STOP_WAIT_MS)
-		{
-			(void) kill(engine_pid, SIGKILL);
-			while (waitpid(engine_pid, NULL, 0) < 0 && errno == EINTR)
-				;
-			break;
-		}
-		pg_usleep(10000L);
-		waited += 10;
+		(void) kill(engine_pid, SIGKILL);
+		if (!wait_engine_exit(ENGINE_EXIT_WAIT_MS))
+			ereport(LOG,
+					(errmsg("gemma4 engine process %d has not exited %d ms after SIGKILL; the supervisor stops without it",
+							(int) engine_pid, ENGINE_EXIT_WAIT_MS)));
 	}
 	engine_pid = 0;
 }
 
-/* Collect the engine process if it exited. */
+/* Poll for the engine process's exit up to timeout_ms; true once collected. */
+static bool
+wait_engine_exit(int timeout_ms)
+{
+	int			waited = 0;
+
+	for (;;)
+	{
+		pid_t		rc = waitpid(engine_pid, NULL, WNOHANG);
+
+		if (rc == engine_pid || (rc < 0 && errno == ECHILD))
+			return true;
+		if (waited >= timeout_ms)
+			return false;
+		pg_usleep(10000L);
+		waited += 10;
+	}
+}
+
+/*
+ * SIGKILL the engine process: hung (the watchdog), or going away (end of
+ * file, a broken or corrupt stream).  It takes no more requests, and the
+ * state says so when it was serving; reap_engine collects it once it has
+ * exited, nothing waits for it here.
+ */
+static void
+kill_engine(G4WorkerState state, const char *reason)
+{
+	(void) kill(engine_pid, SIGKILL);
+	if (engine_killed_at != 0)
+		return;
+	engine_killed_at = GetCurrentTimestamp();
+	if (engine_ready)
+		g4_set_state(state, reason, NULL);
+}
+
+/*
+ * Collect the engine process if it exited, without waiting: SIGCHLD sets the
+ * latch and the loop wakes at least every second.  A killed one that has not
+ * exited within ENGINE_EXIT_WAIT_MS is given up on.
+ */
 static void
 reap_engine(void)
 {
@@ -504,12 +568,38 @@ reap_engine(void)
 	else if (rc < 0 && errno != EINTR)
 		ereport(ERROR,
 				(errmsg("could not wait for the gemma4 engine process: %m")));
+	else if (engine_killed_at != 0 && !engine_abandoned &&
+			 TimestampDifferenceExceeds(engine_killed_at, GetCurrentTimestamp(), ENGINE_EXIT_WAIT_MS))
+		abandon_engine();
 }
 
 /*
- * The engine process is gone.  What it wrote before dying is still handled
- * (requests that finished just before keep their answers); every other
- * request in flight fails now.
+ * The killed engine process is stuck in the kernel.  Its requests fail now
+ * rather than when it exits; it is still collected, and only then does a
+ * new one start, so that two never hold the device.
+ */
+static void
+abandon_engine(void)
+{
+	char		how[128];
+	char		reason[G4_REASON_LEN];
+	int			failed;
+
+	snprintf(how, sizeof(how), "did not exit within %d ms of SIGKILL", ENGINE_EXIT_WAIT_MS);
+	failed = end_engine_requests(how);
+	engine_abandoned = true;
+	snprintf(reason, sizeof(reason),
+			 "The engine process (PID %d) was killed but has not exited%s%s; a new one starts once it has.",
+			 (int) engine_pid, engine_fatal[0] ? " after: " : "", engine_fatal);
+	g4_set_state(G4W_RESTARTING, reason, NULL);
+	ereport(LOG,
+			(errmsg("gemma4 engine process %d %s; waiting for it to exit", (int) engine_pid, how),
+			 errdetail("%d request%s in flight failed.", failed, failed == 1 ? "" : "s")));
+}
+
+/*
+ * The engine process is gone: its requests fail (unless that was done when
+ * it was given up on), and a new one is scheduled.
  */
 static void
 engine_exited(int status)
@@ -517,8 +607,8 @@ engine_exited(int status)
 	char		how[128];
 	char		why[G4_REASON_LEN];
 	int			failed = 0;
-	int			i;
 	bool		was_ready = engine_ready;
+	bool		was_abandoned = engine_abandoned;
 
 	if (WIFEXITED(status))
 		snprintf(how, sizeof(how), "exited with exit code %d", WEXITSTATUS(status));
@@ -528,46 +618,13 @@ engine_exited(int status)
 	else
 		snprintf(how, sizeof(how), "ended with status %d", status);
 
+	if (!was_abandoned)
+		failed = end_engine_requests(how);
 	engine_pid = 0;
-	if (engine_sock >= 0)
-	{
-		/* drain: the process is gone, so this ends at end-of-file */
-		for (;;)
-		{
-			ssize_t		n = g4p_read(engine_sock, &engine_in);
-			uint32		type;
-			const char *body;
-			size_t		len;
-
-			if (n <= 0)
-				break;
-			while (g4p_next_frame(&engine_in, &type, &body, &len) > 0)
-				if (!handle_frame(type, body, len))
-					break;
-		}
-		close(engine_sock);
-		engine_sock = -1;
-	}
-	g4buf_free(&engine_in);
-	g4buf_free(&engine_out);
-
-	/* the error of the requests in flight: a primary message */
-	snprintf(why, sizeof(why), "the gemma4 engine process %s%s%s", how,
-			 engine_fatal[0] ? " after: " : "", engine_fatal);
-	for (i = 0; i < n_requests; i++)
-	{
-		SupRequest *q = &requests[i];
-
-		if (q->active && !q->ended)
-		{
-			q->in_engine = false;
-			end_error(q, G4_ERR_PG_ENGINE_DIED, why);
-			failed++;
-		}
-	}
+	engine_killed_at = 0;
+	engine_abandoned = false;
 
 	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
-	fold_engine_stats();
 	g4_shared->engine_pid = 0;
 	if (was_ready && !ShutdownRequestPending)
 		g4_shared->engine_restarts++;
@@ -593,13 +650,85 @@ engine_exited(int status)
 	}
 	else
 	{
-		ereport(LOG,
-				(errmsg("%s", why),
-				 errdetail("%d request%s in flight failed.", failed, failed == 1 ? "" : "s")));
+		snprintf(why, sizeof(why), "the gemma4 engine process %s%s%s", how,
+				 engine_fatal[0] ? " after: " : "", engine_fatal);
+		if (was_abandoned)
+			ereport(LOG,
+					(errmsg("%s", why),
+					 errdetail("Its requests in flight failed when it did not exit in time.")));
+		else
+			ereport(LOG,
+					(errmsg("%s", why),
+					 errdetail("%d request%s in flight failed.", failed, failed == 1 ? "" : "s")));
 		snprintf(why, sizeof(why), "The engine process %s%s%s", how,
 				 engine_fatal[0] ? " after: " : "", engine_fatal);
 		schedule_restart(why);
 	}
+}
+
+/*
+ * The engine process is gone, or given up on.  What it wrote is still
+ * handled (requests that finished just before keep their answers); its
+ * socket is closed and every other request in flight fails, the error
+ * saying how the process ended.  Returns how many failed.
+ */
+static int
+end_engine_requests(const char *how)
+{
+	char		why[G4_REASON_LEN];
+	int			failed = 0;
+	int			i;
+
+	if (engine_sock >= 0)
+	{
+		/* drain what is there: a process that is gone ends it with EOF */
+		for (;;)
+		{
+			ssize_t		n = g4p_read(engine_sock, &engine_in);
+			uint32		type;
+			const char *body;
+			size_t		len;
+
+			if (n <= 0)
+				break;
+			while (g4p_next_frame(&engine_in, &type, &body, &len) > 0)
+				if (!handle_frame(type, body, len))
+					break;
+		}
+		close_engine_socket();
+	}
+
+	/* the error of the requests in flight: a primary message */
+	snprintf(why, sizeof(why), "the gemma4 engine process %s%s%s", how,
+			 engine_fatal[0] ? " after: " : "", engine_fatal);
+	for (i = 0; i < n_requests; i++)
+	{
+		SupRequest *q = &requests[i];
+
+		if (q->active && !q->ended)
+		{
+			q->in_engine = false;
+			end_error(q, G4_ERR_PG_ENGINE_DIED, why);
+			failed++;
+		}
+	}
+
+	LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
+	fold_engine_stats();
+	LWLockRelease(g4_shared->lock);
+	return failed;
+}
+
+/* Stop talking to the engine process: it is gone or going. */
+static void
+close_engine_socket(void)
+{
+	if (engine_sock < 0)
+		return;
+	close(engine_sock);
+	engine_sock = -1;
+	g4buf_free(&engine_in);
+	g4buf_free(&engine_out);
 	build_wait_set();
 }
 
@@ -627,20 +756,16 @@ read_engine(void)
 					 errmsg("out of memory reading from the gemma4 engine process")));
 		if (n <= 0)
 		{
-			int			status;
-
-			/* end of file (or a broken socket): the process is going away */
+			/*
+			 * End of file (or a broken socket): the process is going away.
+			 * Closing the socket stops the wakeups; its requests fail when
+			 * reap_engine collects it, the error naming how it ended.
+			 */
 			if (n < 0)
 				ereport(LOG,
 						(errmsg("could not read from the gemma4 engine process: %m")));
-			(void) kill(engine_pid, SIGKILL);
-			while (waitpid(engine_pid, &status, 0) < 0)
-			{
-				if (errno != EINTR)
-					ereport(ERROR,
-							(errmsg("could not wait for the gemma4 engine process: %m")));
-			}
-			engine_exited(status);
+			kill_engine(G4W_RESTARTING, "The engine process ended; a new one starts once it has been collected.");
+			close_engine_socket();
 			return;
 		}
 		while ((rc = g4p_next_frame(&engine_in, &type, &body, &len)) > 0)
@@ -653,10 +778,10 @@ read_engine(void)
 		}
 		if (rc < 0)
 		{
-			/* a corrupt stream: stop the process, the EOF path collects it */
+			/* a corrupt stream: stop the process, the EOF path follows */
 			ereport(LOG,
 					(errmsg("gemma4 engine process sent a malformed message; stopping it")));
-			(void) kill(engine_pid, SIGKILL);
+			kill_engine(G4W_RESTARTING, "The engine process sent a malformed message; a new one starts once it has been collected.");
 			return;
 		}
 	}
@@ -794,6 +919,9 @@ handle_frame(uint32 type, const char *body, size_t len)
 				publish_stats(&st, body + sizeof(st), st.n_seqs);
 				return true;
 			}
+		case G4F_HEARTBEAT:
+			/* reading it was the progress (read_engine) */
+			return len == 0;
 		case G4F_SUBMIT:
 		case G4F_CANCEL:
 			break;
@@ -849,11 +977,11 @@ write_engine(void)
 		return;
 	if (g4p_write(engine_sock, &engine_out) < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
 	{
-		/* the read side sees the end of file and collects the process */
+		/* the read side sees the end of file */
 		if (errno != EPIPE && errno != ECONNRESET)
 			ereport(LOG,
 					(errmsg("could not write to the gemma4 engine process: %m")));
-		(void) kill(engine_pid, SIGKILL);
+		kill_engine(G4W_RESTARTING, "The connection to the engine process broke; a new one starts once it has been collected.");
 	}
 }
 
@@ -943,7 +1071,7 @@ adopt_request(int i, dsm_handle handle, uint64 request_id)
 	q->hdr = hdr;
 	q->mqh = shm_mq_attach(mq, seg, NULL);
 
-	if (!engine_ready)
+	if (!engine_ready || engine_killed_at != 0)
 	{
 		char		msg[G4_MSG_LEN];
 		G4WorkerState state;
@@ -1165,11 +1293,14 @@ bump(uint64 *counter)
 }
 
 /*
- * The watchdog: an engine that has requests and sends nothing (no text, no
- * statistics, which it sends every 0.1 s while busy) for
+ * The watchdog: an engine that has requests and sends nothing for
  * gemma4.engine_stall_timeout is hung (stopped, deadlocked, stuck in a
- * device call).  It is reported as stalled and killed; the exit path fails
- * its requests (58000) and restarts it.
+ * device call).  A working one sends statistics every 0.1 s between steps
+ * and heartbeats every 0.1 s from inside a long step (between layers), so a
+ * step that takes long is no stall.  On CUDA a step's final wait for the
+ * device sends nothing: a device that hangs is caught here.  A hung engine
+ * is reported as stalled and killed; once it is collected (or given up on,
+ * see reap_engine) its requests fail (58000), and a new one starts.
  */
 static void
 watch_engine(void)
@@ -1178,7 +1309,7 @@ watch_engine(void)
 	bool		busy = false;
 	int			i;
 
-	if (!engine_ready || engine_pid == 0)
+	if (!engine_ready || engine_pid == 0 || engine_killed_at != 0)
 		return;
 	for (i = 0; i < n_requests && !busy; i++)
 		busy = requests[i].active && requests[i].in_engine;
@@ -1193,10 +1324,7 @@ watch_engine(void)
 	snprintf(engine_fatal, sizeof(engine_fatal),
 			 "it made no progress for %d ms with requests in flight (gemma4.engine_stall_timeout)",
 			 g4_engine_stall_timeout);
-	g4_set_state(G4W_STALLED, "The engine process made no progress with requests in flight; it is being restarted.",
-				 NULL);
 	ereport(LOG,
 			(errmsg("gemma4 engine process %d is stalled: %s; killing it", (int) engine_pid, engine_fatal)));
-	(void) kill(engine_pid, SIGKILL);
-	engine_progress_at = now;
+	kill_engine(G4W_STALLED, "The engine process made no progress with requests in flight; it is being restarted.");
 }

@@ -99,6 +99,12 @@ if [ ! -f "$DRAFT/config.json" ] && [ -x "$REPO/build/gemma4-make-model" ]; then
 	"$REPO/build/gemma4-make-model" --preset tiny --assistant --out "$DRAFT" >/dev/null || exit 2
 fi
 export G4_DRAFT_DIR=$DRAFT
+# a model of many layers whose long prefill steps take seconds (t/007_long_step.pl)
+if [ -x "$REPO/build/gemma4-make-model" ]; then
+	"$REPO/build/gemma4-make-model" --preset deep --tokenizer "$REPO/test/fixtures/tokenizer" \
+		--out "$TMP/model-deep" >/dev/null || exit 2
+	export G4_DEEP_MODEL_DIR=$TMP/model-deep
+fi
 # the embedded default model, when it was fetched (make fetch-default-model)
 if [ -f "$REPO/build/models/gemma-3-270m-q4_k_m.gguf" ]; then
 	export G4_DEFAULT_GGUF=$REPO/build/models/gemma-3-270m-q4_k_m.gguf

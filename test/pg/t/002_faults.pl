@@ -128,6 +128,62 @@ sub check_recovered
 	check_recovered('mid-stream', $old, 3);
 }
 
+# ---- a killed engine process that is not collected at once -------------------
+# A process stuck in the kernel (uninterruptible device I/O) outlives its
+# SIGKILL for as long as that call lasts.  Here the test traces the engine
+# process (ptrace): the zombie of a traced process is reported to its tracer
+# first, and the supervisor, its parent, cannot collect it until the tracer
+# has.  Meanwhile the supervisor goes on: the request in flight fails once,
+# the views show the state, and no new engine starts before the old one is
+# collected.
+SKIP:
+{
+	my $old = engine_pid();
+	my $traced = eval { require 'syscall.ph'; syscall(&SYS_ptrace, 0x4206, $old + 0, 0, 0) == 0 };    # PTRACE_SEIZE
+	skip 'the test cannot trace the engine process (ptrace)', 12 unless $traced;
+	my $errors = $node->safe_psql('postgres', 'SELECT errors FROM gemma_stats');
+	my $t = $node->background_psql('postgres', on_error_stop => 0, timeout => 30);
+	$t->query_safe('\set VERBOSITY verbose');
+	my $t_pid = $t->query_safe('SELECT pg_backend_pid()');
+	G4Test::start_query($t, "SELECT length(gemma_generate('Hello world', max_tokens => 3000))");
+	ok( $node->poll_query_until(
+			'postgres',
+			"SELECT count(*) > 0 FROM gemma_requests WHERE pid = $t_pid AND state = 'decode' AND generated_tokens > 3"),
+		'not collected: the request is decoding');
+	kill 'KILL', $old;
+	my $t0 = time;
+	my ($out, $err) = eval { G4Test::finish_query($t) };
+	my $elapsed = time - $t0;
+	like($err // "no answer: $@",
+		qr/ERROR:  58000: the gemma4 engine process did not exit within 5000 ms of SIGKILL/,
+		'not collected: the request in flight fails all the same');
+	cmp_ok($elapsed, '<', 15, sprintf('not collected: within 15 s (%.2f s)', $elapsed));
+	is($node->safe_psql('postgres', 'SELECT errors FROM gemma_stats'), $errors + 1, 'not collected: one error counted');
+	like(
+		$node->safe_psql('postgres', "SELECT worker_state || ' ' || engine_pid || ': ' || state_reason FROM gemma_stats"),
+		qr/^restarting $old: The engine process \(PID $old\) was killed but has not exited/,
+		'not collected: the view says the old process has not exited');
+	sleep 1;
+	is(engine_pid(), $old, 'not collected: no new engine process starts meanwhile');
+	my ($ret, $stdout, $stderr) = $node->psql(
+		'postgres', "SELECT gemma_generate('Hello world', max_tokens => 4)",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ],
+		timeout => 30,
+		timed_out => \my $timed_out);
+	like($stderr, qr/ERROR:  55000: the gemma4 engine is restarting/, 'not collected: a new call fails at once');
+
+	# the tracer collects the zombie; the supervisor hears of it and goes on
+	is(waitpid($old, 0), $old, 'not collected: the test lets go of the process');
+	is($t->query_safe('SELECT pg_backend_pid()'), $t_pid, 'not collected: the failed session keeps its backend');
+	$t->quit;
+	ok( $node->poll_query_until(
+			'postgres', "SELECT worker_state = 'ready' AND engine_pid <> $old AND engine_restarts = 4 FROM gemma_stats"),
+		'not collected: once it is, a new engine process is ready (restart 4)');
+	is($node->safe_psql('postgres', 'SELECT errors FROM gemma_stats'),
+		$errors + 1, 'not collected: collecting it fails nothing again');
+	ok(!kill(0, $old), 'not collected: the old process is gone');
+}
+
 # ---- pg_cancel_backend mid-stream -------------------------------------------
 {
 	my $cancelled = $node->safe_psql('postgres', 'SELECT cancelled FROM gemma_stats');
