@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sampler.h"
 #include "util.h"
 
 /* as engine.c's DEVICE_RESERVE */
@@ -228,23 +229,17 @@ drv_argmax(drv *d, int32_t *ids, g4_err *err)
 		if (!l)
 			return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 		rc = drv_logits(d, l, err);
+		/* the host sampler's greedy choice: suppressed ids at -inf, then
+		 * g4_argmax (a row holding a NaN: G4_SAMPLE_NAN) */
 		for (i = 0; rc == G4_OK && i < d->n_logits; i++)
 		{
-			const float *row = l + (size_t) i * (size_t) V;
-			int			best = 0,
-						j,
-						s;
+			float	   *row = l + (size_t) i * (size_t) V;
+			int			s;
 
-			for (j = 1; j < V; j++)
-			{
-				int			sup = 0;
-
-				for (s = 0; s < c->n_suppress; s++)
-					sup |= c->suppress_ids[s] == j;
-				if (!sup && row[j] > row[best])
-					best = j;
-			}
-			ids[i] = best;
+			for (s = 0; s < c->n_suppress; s++)
+				if (c->suppress_ids[s] >= 0 && c->suppress_ids[s] < V)
+					row[c->suppress_ids[s]] = -INFINITY;
+			ids[i] = g4_argmax(row, V);
 		}
 		free(l);
 		return rc;
