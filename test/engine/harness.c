@@ -400,3 +400,16 @@ h_float_wav(const float *frames, int64_t n, int channels, int rate, size_t *len)
 	*len = 44 + (size_t) data;
 	return w;
 }
+
+int
+h_kv_blocks_used(g4_engine *e)
+{
+	g4_stats	st;
+	int			g,
+				used = 0;
+
+	g4_stats_get(e, &st);
+	for (g = 0; g < st.n_groups; g++)
+		used += (int) st.groups[g].blocks_used;
+	return used;
+}

@@ -75,6 +75,9 @@ int			h_failed_as(const char *what, int rc, const g4_err *err, int code, const c
 /* A token-id request with greedy sampling. */
 void		h_token_request(g4_request *req, const int32_t *ids, int n, int max_tokens);
 
+/* KV blocks in use, all layer groups (0 once every sequence is gone). */
+int			h_kv_blocks_used(g4_engine *e);
+
 /* The committed references of test/golden/<name>.json/.bin. */
 typedef struct
 {

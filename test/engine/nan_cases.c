@@ -7,19 +7,6 @@
 #include "test.h"
 #include "util.h"
 
-static int
-kv_used(g4_engine *e)
-{
-	g4_stats	st;
-	int			g,
-				used = 0;
-
-	g4_stats_get(e, &st);
-	for (g = 0; g < st.n_groups; g++)
-		used += (int) st.groups[g].blocks_used;
-	return used;
-}
-
 /* Set the embedding row NAN_CASE_ID of model.safetensors to NaN (bf16). */
 static int
 nan_embedding_row(void *ctx, const char *file, char **data, size_t *len)
@@ -195,7 +182,7 @@ nan_case_batch(const char *model, int backend)
 		for (i = 0; pools[p].dtype == G4_KV_F32 && i < sc.n_greedy; i++)
 			CHECK_MSG(res[0].tokens[i] == sc.greedy[i], "greedy token %d is %d, transformers %d", i,
 					  res[0].tokens[i], sc.greedy[i]);
-		CHECK_INT(kv_used(e), 0);
+		CHECK_INT(h_kv_blocks_used(e), 0);
 		CHECK(!g4_has_work(e));
 		g4_stats_get(e, &st);
 		CHECK_INT(st.requests_failed, 2);
@@ -273,7 +260,7 @@ nan_case_prefix(const char *model, int backend)
 	}
 	CHECK_MSG(prefix_hits(e) == hits, "the NaN prompt's repeat took %llu blocks from the cache",
 			  (unsigned long long) (prefix_hits(e) - hits));
-	CHECK_INT(kv_used(e), 0);
+	CHECK_INT(h_kv_blocks_used(e), 0);
 	g4_close(e);
 	short_case_free(&sc);
 }
@@ -328,7 +315,7 @@ nan_case_verify(const char *model, int backend)
 		CHECK_INT(res.n_tokens, 2);
 		CHECK(sampled || res.tokens[0] == sc.greedy[0]);
 		CHECK_INT(res.tokens[1], NAN_CASE_ID);
-		CHECK_INT(kv_used(e), 0);
+		CHECK_INT(h_kv_blocks_used(e), 0);
 		h_result_free(&res);
 		g4_close(e);
 	}
@@ -366,7 +353,7 @@ nan_case_drafts(const char *model, int backend)
 	g4_stats_get(e, &st);
 	CHECK_MSG(st.spec_draft_steps > 0, "the assistant never ran");
 	CHECK_INT(st.spec_drafted, 0);
-	CHECK_INT(kv_used(e), 0);
+	CHECK_INT(h_kv_blocks_used(e), 0);
 	h_result_free(&res);
 	g4_close(e);
 	short_case_free(&sc);
@@ -401,7 +388,7 @@ nan_case_score(const char *model, int backend)
 	rc = g4_score(e, sc.ids, sc.n_ids, 2, count_rows, &calls, &err);
 	CHECK(h_failed_as("scoring on the NaN copy", rc, &err, G4_ERR_NUMERIC, "non-finite", "position 2"));
 	CHECK_INT(calls, 0);
-	CHECK_INT(kv_used(e), 0);
+	CHECK_INT(h_kv_blocks_used(e), 0);
 	h_token_request(&req, sc.ids, sc.n_ids, sc.n_greedy);
 	CHECK_OK(run_alone(e, &req, &res, &err), &err);
 	CHECK_MSG(!res.failed && res.n_tokens == sc.n_greedy, "%d tokens: %s", res.n_tokens, res.error);

@@ -15,19 +15,6 @@
 
 static const int32_t prompt_ids[] = {2, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009};
 
-static int
-kv_used(g4_engine *e)
-{
-	g4_stats	st;
-	int			g,
-				used = 0;
-
-	g4_stats_get(e, &st);
-	for (g = 0; g < st.n_groups; g++)
-		used += (int) st.groups[g].blocks_used;
-	return used;
-}
-
 G4_TEST(engine_rejects_bad_requests)
 {
 	g4_options	o;
@@ -114,7 +101,7 @@ G4_TEST(engine_rejects_bad_requests)
 		CHECK(strstr(err.msg, "stop string"));
 	}
 	CHECK(!g4_has_work(e));
-	CHECK_INT(kv_used(e), 0);
+	CHECK_INT(h_kv_blocks_used(e), 0);
 	g4_close(e);
 }
 
@@ -163,7 +150,7 @@ G4_TEST(engine_cancel_frees_blocks_at_once)
 	}
 	for (i = 0; i < 5; i++)
 		CHECK(g4_step(e, h_on_event, &run, &err) >= 0);
-	CHECK(kv_used(e) > 0);
+	CHECK(h_kv_blocks_used(e) > 0);
 	for (i = 0; i < 3; i++)
 	{
 		g4_cancel(e, res[i].id, h_on_event, &run);
@@ -171,7 +158,7 @@ G4_TEST(engine_cancel_frees_blocks_at_once)
 		CHECK_INT(res[i].finish_reason, G4_FINISH_CANCELLED);
 	}
 	/* freed before the next step */
-	CHECK_INT(kv_used(e), 0);
+	CHECK_INT(h_kv_blocks_used(e), 0);
 	CHECK(!g4_has_work(e));
 	g4_cancel(e, 12345, h_on_event, &run);	/* unknown ids are ignored */
 	for (i = 0; i < 3; i++)
@@ -225,7 +212,7 @@ G4_TEST(engine_admission_respects_max_num_seqs)
 		CHECK_INT(res[i].n_tokens, res[0].n_tokens);
 		CHECK(memcmp(res[i].tokens, res[0].tokens, sizeof(int32_t) * (size_t) res[0].n_tokens) == 0);
 	}
-	CHECK_INT(kv_used(e), 0);
+	CHECK_INT(h_kv_blocks_used(e), 0);
 	for (i = 0; i < 6; i++)
 		h_result_free(&res[i]);
 	g4_close(e);
@@ -290,7 +277,7 @@ G4_TEST(engine_decode_first_bounds_latency)
 	CHECK(b_first > 0 && b_first <= (LONG + BUDGET - 2) / (BUDGET - 1));
 	CHECK(c_first > 0 && c_first <= b_first + 1);
 	CHECK_OK(h_drain(e, &run, 1000, &err), &err);
-	CHECK_INT(kv_used(e), 0);
+	CHECK_INT(h_kv_blocks_used(e), 0);
 	for (i = 0; i < 3; i++)
 		h_result_free(&res[i]);
 	g4_close(e);
@@ -375,7 +362,7 @@ G4_TEST(engine_image_block_waits_for_the_budget_not_for_ever)
 	CHECK_MSG(res[1].finished && !res[1].failed, "the prompt with the block did not finish in %d steps", step);
 	CHECK(step <= 30 + 8);
 	CHECK_OK(h_drain(e, &run, 2000, &err), &err);
-	CHECK_INT(kv_used(e), 0);
+	CHECK_INT(h_kv_blocks_used(e), 0);
 	for (i = 0; i < run.n; i++)
 		h_result_free(&res[i]);
 	free(rows);

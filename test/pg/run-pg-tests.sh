@@ -3,9 +3,10 @@
 # throwaway instances in a temporary directory:
 #
 #   1. pg_regress: test/sql/*.sql against expected/*.out
-#   2. concurrency (test/pg/t/001_concurrency.pl, TAP)
-#   3. faults and worker lifecycle (test/pg/t/002_faults.pl, TAP)
-#   4. table jobs (test/pg/t/003_jobs.pl, TAP)
+#   2. the TAP suites, test/pg/t/*.pl in order: concurrency (001), faults
+#      and the worker's lifecycle (002), table jobs (003), roles, limits
+#      and encodings (004), speculative decoding (005), a model giving a
+#      NaN (006), a step longer than the watchdog's timeout (007)
 #
 # Builds nothing: run `make install` first (as root if PostgreSQL's
 # directories need it), then this script as an unprivileged user, e.g.
@@ -147,7 +148,7 @@ if [ "$n_bad" -gt 0 ] || [ "$missing" -gt 0 ]; then
 	[ "$missing" -gt 0 ] && tail -20 "$TMP/regress.log"
 fi
 
-# ---- 2, 3. TAP suites ------------------------------------------------------
+# ---- 2. TAP suites ------------------------------------------------------
 for t in "$REPO"/test/pg/t/*.pl; do
 	name=$(basename "$t" .pl)
 	echo "== $name"
