@@ -708,7 +708,7 @@ g4_raise_request_error(const G4WireError *e, const char *given_hint)
 			detail = "The model's forward pass produced a NaN: the model's weights or the engine are at fault, "
 				"not the request's input.";
 			hint = "Check the model files in gemma4.model_dir and report the problem with this request; "
-				"retrying it gives the same error.";
+				"unless the fault was passing, a retry gives the same error.";
 			break;
 	}
 	if (given_hint)
