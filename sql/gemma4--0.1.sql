@@ -316,8 +316,10 @@ COMMENT ON ROLE gemma_user IS 'may call the gemma4 generation and tokenizer func
  */
 CREATE TABLE gemma_job (
 	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-	owner oid NOT NULL,
-	relid oid NOT NULL,
+	-- regrole and regclass, not oid: pg_dump writes them as names, so a
+	-- restored job names its own role and table (pg_upgrade keeps both)
+	owner regrole NOT NULL,
+	relid regclass NOT NULL,
 	key_column name NOT NULL,
 	target_column name NOT NULL,
 	prompt text NOT NULL,
@@ -378,7 +380,10 @@ GRANT UPDATE (state, finished_at, rows_done, rows_failed, tokens_in, tokens_out,
 	ON gemma_job TO PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON gemma_job_queue TO PUBLIC;
 GRANT SELECT, INSERT, DELETE ON gemma_job_errors TO PUBLIC;
+-- the jobs are data: pg_dump keeps them, and the ids' sequence, so that a
+-- restored database goes on numbering after its jobs
 SELECT pg_catalog.pg_extension_config_dump('gemma_job', '');
+SELECT pg_catalog.pg_extension_config_dump('gemma_job_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('gemma_job_queue', '');
 SELECT pg_catalog.pg_extension_config_dump('gemma_job_errors', '');
 

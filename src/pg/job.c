@@ -242,29 +242,33 @@ register_job_workers(int64 job, Oid database, Oid owner, int workers)
 	int			i;
 
 	for (i = 0; i < workers; i++)
-	{
-		BackgroundWorker w;
-		G4JobWorkerArgs args;
+		g4_register_job_worker(job, database, owner, i);
+}
 
-		memset(&w, 0, sizeof(w));
-		w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-		w.bgw_start_time = BgWorkerStart_RecoveryFinished;
-		w.bgw_restart_time = BGW_NEVER_RESTART;
-		snprintf(w.bgw_library_name, BGW_MAXLEN, "gemma4");
-		snprintf(w.bgw_function_name, BGW_MAXLEN, "gemma4_job_worker_main");
-		snprintf(w.bgw_name, BGW_MAXLEN, "gemma4 job " INT64_FORMAT " worker %d", job, i);
-		snprintf(w.bgw_type, BGW_MAXLEN, "gemma4 job worker");
-		w.bgw_main_arg = Int64GetDatum(job);
-		args.database = database;
-		args.owner = owner;
-		args.index = i;
-		memcpy(w.bgw_extra, &args, sizeof(args));
-		if (!RegisterDynamicBackgroundWorker(&w, NULL))
-			ereport(WARNING,
-					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-					 errmsg("could not start worker %d of gemma job " INT64_FORMAT, i, job),
-					 errhint("Raise max_worker_processes, then SELECT gemma_job_resume(" INT64_FORMAT ") after pausing it, or restart the server.", job)));
-	}
+void
+g4_register_job_worker(int64 job, Oid database, Oid owner, int index)
+{
+	BackgroundWorker w;
+	G4JobWorkerArgs args;
+
+	memset(&w, 0, sizeof(w));
+	w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	w.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	w.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(w.bgw_library_name, BGW_MAXLEN, "gemma4");
+	snprintf(w.bgw_function_name, BGW_MAXLEN, "gemma4_job_worker_main");
+	snprintf(w.bgw_name, BGW_MAXLEN, "gemma4 job " INT64_FORMAT " worker %d", job, index);
+	snprintf(w.bgw_type, BGW_MAXLEN, "gemma4 job worker");
+	w.bgw_main_arg = Int64GetDatum(job);
+	args.database = database;
+	args.owner = owner;
+	args.index = index;
+	memcpy(w.bgw_extra, &args, sizeof(args));
+	if (!RegisterDynamicBackgroundWorker(&w, NULL))
+		ereport(WARNING,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("could not start worker %d of gemma job " INT64_FORMAT, index, job),
+				 errhint("Raise max_worker_processes, then SELECT gemma_job_resume(" INT64_FORMAT ") after pausing it, or restart the server.", job)));
 }
 
 /* Register a dynamic worker whose main function is in this library. */

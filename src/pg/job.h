@@ -23,6 +23,8 @@ typedef struct G4JobWorkerArgs
 
 /* The extension's table name, schema-qualified and quoted for SQL. */
 extern char *g4_job_table(const char *name);
+/* Start worker `index` of a job (a warning when no worker slot is free). */
+extern void g4_register_job_worker(int64 job, Oid database, Oid owner, int index);
 
 extern PGDLLEXPORT void gemma4_job_launcher_main(Datum arg);
 extern PGDLLEXPORT void gemma4_job_starter_main(Datum arg);

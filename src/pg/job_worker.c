@@ -134,6 +134,8 @@ static void begin_tx(void);
 static void commit_tx(void);
 static SPIPlanPtr plan(const char *sql, int nargs, Oid *argtypes);
 static bool take_worker_lock(int64 job, int index);
+static void worker_lock_tag(LOCKTAG *tag, int64 job, int index);
+static void hand_over(Job *job, Oid database, Oid owner);
 static bool load_job(Job *job, Oid owner);
 static void run_job(Job *job);
 static char *read_state(Job *job);
@@ -208,7 +210,37 @@ gemma4_job_worker_main(Datum arg)
 		commit_tx();
 	}
 	PG_END_TRY();
+	hand_over(&job, args.database, args.owner);
 	proc_exit(0);
+}
+
+/*
+ * Leaving: a gemma_job_resume that committed while this worker was on its
+ * way out (it had read the job paused, or had seen a pause) started a
+ * worker of this number, which found the lock taken and gave up.  So the
+ * lock is let go first, then the job read afresh: still running (and
+ * still this owner's), it gets a new worker of this number.  That one, or
+ * any other that takes the lock first, runs it; the rest give up.
+ */
+static void
+hand_over(Job *job, Oid database, Oid owner)
+{
+	LOCKTAG		tag;
+	Oid			types[2] = {INT8OID, OIDOID};
+	Datum		v[2] = {Int64GetDatum(job->id), ObjectIdGetDatum(owner)};
+	bool		running;
+
+	worker_lock_tag(&tag, job->id, job->index);
+	LockRelease(&tag, ExclusiveLock, true);
+	begin_tx();
+	if (SPI_execute_with_args(psprintf("SELECT FROM %s WHERE id = $1 AND state = 'running' AND owner = $2",
+									   g4_job_table("gemma_job")),
+							  2, types, v, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read gemma job " INT64_FORMAT, job->id);
+	running = SPI_processed > 0;
+	commit_tx();
+	if (running)
+		g4_register_job_worker(job->id, database, owner, job->index);
 }
 
 static void
@@ -254,10 +286,16 @@ take_worker_lock(int64 job, int index)
 	LockAcquireResult res;
 
 	StartTransactionCommand();
-	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (job >> 32), (uint32) job, JOB_LOCK_FIELD4 + index);
+	worker_lock_tag(&tag, job, index);
 	res = LockAcquire(&tag, ExclusiveLock, true, true);
 	CommitTransactionCommand();
 	return res != LOCKACQUIRE_NOT_AVAIL;
+}
+
+static void
+worker_lock_tag(LOCKTAG *tag, int64 job, int index)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (job >> 32), (uint32) job, JOB_LOCK_FIELD4 + index);
 }
 
 /*

@@ -12,6 +12,8 @@
 #     later, end with the answer to their current prompt, never a stale one;
 #   - media columns: a row whose image changed while it was answered is
 #     queued again and answered from its new image;
+#   - pg_dump and restore: the jobs come back naming their table and role,
+#     new ones are numbered after them, a paused one resumes there;
 #   - privileges: a job cannot read what its creator cannot, another role
 #     neither sees nor cancels it, a member of the creator's role does.
 use strict;
@@ -380,6 +382,51 @@ CREATE TABLE photo_answers AS
 	is($node->safe_psql('postgres', 'SELECT finished FROM gemma_stats'),
 		$finished + 3, 'media: the changed row was answered again, once');
 	$node->safe_psql('postgres', 'DROP TABLE photos, photo_answers');
+}
+
+# ---- pg_dump and restore -------------------------------------------------------
+# The jobs are the database's data: a dump keeps them, naming their table
+# and role (not their OIDs, which the restored ones do not share), and the
+# sequence of their ids.  A paused job restored elsewhere resumes there.
+{
+	my $file = PostgreSQL::Test::Utils::tempdir() . '/jobs.sql';
+	my $me = $node->safe_psql('postgres', 'SELECT current_user');
+	$node->safe_psql('postgres', 'CREATE DATABASE dump_src');
+	$node->safe_psql('postgres', 'CREATE DATABASE dump_dst');
+	$node->safe_psql(
+		'dump_src', qq{
+CREATE EXTENSION gemma4;
+CREATE TABLE notes (id int PRIMARY KEY, body text NOT NULL, summary text);
+INSERT INTO notes SELECT i, 'note ' || i FROM generate_series(1, 12) i;
+});
+	my $done = $node->safe_psql('dump_src',
+		"SELECT gemma_job_create('notes', 'summary', 'body', condition => 'id <= 2', options => $GEN)");
+	ok($node->poll_query_until('dump_src', "SELECT state = 'done' FROM gemma_jobs WHERE job = $done"),
+		'dump: the first job completes');
+	# paused in the transaction that creates it: its workers find it paused
+	my $paused = $node->safe_psql('dump_src',
+		"SELECT c.j FROM (SELECT gemma_job_create('notes', 'summary', 'body', condition => 'id > 2', "
+		  . "options => $GEN) AS j OFFSET 0) c CROSS JOIN LATERAL gemma_job_pause(c.j)");
+	$node->command_ok([ 'pg_dump', '-f', $file, 'dump_src' ], 'dump: pg_dump writes the database');
+	$node->command_ok([ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', 'dump_dst', '-f', $file ],
+		'dump: psql restores it into another database');
+	is( $node->safe_psql(
+			'dump_dst',
+			"SELECT string_agg(job || ' ' || relation || ' ' || owner || ' ' || state, ', ' ORDER BY job) FROM gemma_jobs"),
+		"$done notes $me done, $paused notes $me paused",
+		'dump: the restored jobs name their table and role');
+	is($node->safe_psql('dump_dst', "SELECT count(*) FROM gemma_job WHERE relid = 'notes'::regclass"),
+		'2', 'dump: they refer to the restored table');
+	is( $node->safe_psql(
+			'dump_dst', "SELECT gemma_job_create('notes', 'summary', 'body', condition => 'false') > $paused"),
+		't', 'dump: a new job is numbered after them');
+	$node->safe_psql('dump_dst', "SELECT gemma_job_resume($paused)");
+	ok($node->poll_query_until('dump_dst', "SELECT state = 'done' FROM gemma_jobs WHERE job = $paused"),
+		'dump: the paused job resumes in the restored database');
+	is($node->safe_psql('dump_dst', 'SELECT count(*) FROM notes WHERE summary IS NOT NULL'),
+		'12', 'dump: it answers the restored table');
+	is($node->safe_psql('dump_src', 'SELECT count(*) FROM notes WHERE summary IS NOT NULL'),
+		'2', 'dump: and not the table it was dumped from');
 }
 
 # ---- privileges -------------------------------------------------------------
