@@ -124,8 +124,9 @@ int			g4_image_resize(const g4_image *in, int height, int width, const volatile 
 int			g4_image_to_input(const g4_image *img, int max_soft_tokens, const volatile int *cancel,
 							  g4_media_input *out, g4_err *err);
 
-/* Frame audio into 640-sample tokens, zero-padding the last. */
-int			g4_audio_to_input(const g4_audio *a, g4_media_input *out, g4_err *err);
+/* Frame audio into 640-sample tokens, zero-padding the last.  Takes the
+ * samples: `a` is left empty (and is untouched on failure). */
+int			g4_audio_to_input(g4_audio *a, g4_media_input *out, g4_err *err);
 
 /* Decode and preprocess one item of a request.  `number` is its 1-based
  * index among the items of its kind; error messages start with "image N: "

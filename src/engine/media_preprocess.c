@@ -346,18 +346,26 @@ g4_image_to_input(const g4_image *img, int max_soft_tokens, const volatile int *
 }
 
 int
-g4_audio_to_input(const g4_audio *a, g4_media_input *out, g4_err *err)
+g4_audio_to_input(g4_audio *a, g4_media_input *out, g4_err *err)
 {
+	size_t		padded;
+	float	   *v;
+
 	memset(out, 0, sizeof(*out));
 	out->kind = G4_MEDIA_AUDIO;
 	if (a->n <= 0)
 		return g4_fail(err, G4_ERR_INVALID, "the audio holds no samples");
 	out->n_tokens = (int) G4_DIV_UP(a->n, G4_AUDIO_FRAME);
-	out->values = g4_calloc((size_t) out->n_tokens * G4_AUDIO_FRAME, sizeof(float));
-	if (!out->values)
+	padded = (size_t) out->n_tokens * G4_AUDIO_FRAME;
+	/* the samples become the frames in place: never held twice */
+	v = g4_realloc(a->samples, padded * sizeof(float));
+	if (!v)
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
-	memcpy(out->values, a->samples, (size_t) a->n * sizeof(float));
+	memset(v + a->n, 0, (padded - (size_t) a->n) * sizeof(float));
+	out->values = v;
 	out->seconds = (double) a->n / G4_AUDIO_RATE;
+	a->samples = NULL;
+	a->n = 0;
 	return G4_OK;
 }
 

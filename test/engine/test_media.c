@@ -153,6 +153,9 @@ G4_TEST(media_audio_preprocessing_matches_transformers)
 			worst_file = file;
 		}
 		CHECK_OK(g4_audio_to_input(&a, &in, &err), &err);
+		/* the frames are the samples, taken over, then zeros */
+		CHECK(a.samples == NULL && a.n == 0);
+		CHECK(h_max_abs_diff(in.values, ref, (int) n, &mref) == d);
 		CHECK_INT(in.n_tokens, g4j_get_int(c, "n_tokens", -1));
 		CHECK(in.values[(size_t) in.n_tokens * G4_AUDIO_FRAME - 1] == 0 || n % G4_AUDIO_FRAME == 0);
 		g4_media_input_free(&in);
