@@ -384,6 +384,8 @@ GRANT SELECT, INSERT, DELETE ON gemma_job_errors TO PUBLIC;
 -- restored database goes on numbering after its jobs
 SELECT pg_catalog.pg_extension_config_dump('gemma_job', '');
 SELECT pg_catalog.pg_extension_config_dump('gemma_job_id_seq', '');
+-- pg_dump by a database owner who is no superuser reads it
+GRANT SELECT ON SEQUENCE gemma_job_id_seq TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('gemma_job_queue', '');
 SELECT pg_catalog.pg_extension_config_dump('gemma_job_errors', '');
 
@@ -412,12 +414,18 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
 	k text;
 BEGIN
+	-- as the extension's owner: nothing the table's owner defined may run
+	-- here.  relid compared as oid with pg_catalog's = (an exact-match
+	-- =(regclass, oid) elsewhere on the path would be chosen first); the
+	-- key as text by its type's output function (pg_catalog.format: base
+	-- types' I/O functions are a superuser's), never a cast, which the
+	-- owner of a composite or enum key type may define
 	IF NOT EXISTS (SELECT FROM gemma_job j WHERE j.id = TG_ARGV[0]::bigint
-				   AND j.relid = TG_RELID AND j.key_column = TG_ARGV[1]
+				   AND j.relid::pg_catalog.oid = TG_RELID AND j.key_column = TG_ARGV[1]
 				   AND j.state NOT IN ('cancelled', 'done')) THEN
 		RETURN NULL;
 	END IF;
-	EXECUTE format('SELECT ($1).%I::text', TG_ARGV[1]) USING NEW INTO k;
+	EXECUTE pg_catalog.format('SELECT pg_catalog.format(''%%s'', ($1).%I)', TG_ARGV[1]) USING NEW INTO k;
 	IF k IS NULL THEN
 		RETURN NULL;
 	END IF;
@@ -524,8 +532,9 @@ BEGIN
 	  USING current_user::regrole, relation, key, target, prompt, condition, system,
 			coalesce(options, '{}'), coalesce(completion, false), coalesce(follow, false), workers,
 			pg_catalog.current_setting('search_path'), images, audio;
-	EXECUTE format('INSERT INTO %s.gemma_job_queue (job_id, key) SELECT $1, %I::text FROM %s WHERE %s',
-				   ext, key, rel, coalesce(condition, 'true')) USING job;
+	-- keys as text the way the trigger and the workers write them
+	EXECUTE format('INSERT INTO %s.gemma_job_queue (job_id, key) SELECT $1, pg_catalog.format(''%%s'', %I) '
+				   'FROM %s WHERE %s', ext, key, rel, coalesce(condition, 'true')) USING job;
 	IF follow THEN
 		EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s.gemma_job_enqueue(%L, %L)',
 					   'gemma_job_' || job || '_insert', rel, ext, job, key);

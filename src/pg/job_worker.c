@@ -138,7 +138,7 @@ static void worker_lock_tag(LOCKTAG *tag, int64 job, int index);
 static void hand_over(Job *job, Oid database, Oid owner);
 static bool load_job(Job *job, Oid owner);
 static void run_job(Job *job);
-static char *read_state(Job *job);
+static bool job_running(Job *job);
 static bool engine_ready(int *window);
 static int	claim_places(Job *job);
 static void claim_rows(Job *job, int window, int places);
@@ -397,6 +397,10 @@ load_job(Job *job, Oid owner)
 				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("the table of gemma job " INT64_FORMAT " no longer exists", job->id)));
 	rel = quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)), get_rel_name(relid));
+	if (get_attnum(relid, key) == InvalidAttrNumber)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("the key column \"%s\" of gemma job " INT64_FORMAT " no longer exists", key, job->id)));
 	keytype = format_type_be(get_atttype(relid, get_attnum(relid, key)));
 	key = (char *) quote_identifier(key);
 	target = (char *) quote_identifier(target);
@@ -427,7 +431,9 @@ load_job(Job *job, Oid owner)
 								   "AND claimed_by IS NULL AND retry_at <= now() "
 								   "LIMIT $3 FOR UPDATE SKIP LOCKED)) RETURNING key, attempts",
 								   qt, qt), 3, a_claim);
-		job->fetch = plan(psprintf("SELECT %s::text, (%s)::text, (%s), (%s) FROM %s "
+		/* keys as text by their type's output function, as the queue
+		 * holds them (gemma_job_create, the enqueue trigger) */
+		job->fetch = plan(psprintf("SELECT pg_catalog.format('%%s', %s), (%s)::text, (%s), (%s) FROM %s "
 								   "WHERE %s = ANY ($1::%s[]) AND (%s)",
 								   key, prompt, media[0], media[1], rel, key, keytype, cond), 1, a_keys);
 		/* the media's types, from a fetch of no rows (checked when the job
@@ -504,9 +510,7 @@ run_job(Job *job)
 		now = GetCurrentTimestamp();
 		if (now >= next_check)
 		{
-			char	   *state = read_state(job);
-
-			if (strcmp(state, "running") != 0)
+			if (!job_running(job))
 			{
 				release_all(job);
 				return;
@@ -556,18 +560,23 @@ run_job(Job *job)
 	}
 }
 
-static char *
-read_state(Job *job)
+static bool
+job_running(Job *job)
 {
 	Datum		v[1] = {Int64GetDatum(job->id)};
-	char	   *state = "cancelled";	/* the job was deleted */
+	bool		running = false;	/* also when the job was deleted */
 
 	begin_tx();
 	SPI_execute_plan(job->state, v, NULL, true, 1);
 	if (SPI_processed > 0)
-		state = MemoryContextStrdup(job->cxt, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1));
+	{
+		char	   *state = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+		running = strcmp(state, "running") == 0;
+		pfree(state);
+	}
 	commit_tx();
-	return state;
+	return running;
 }
 
 /* Is the model ready (so a claim is not spent on a restarting engine)? */

@@ -465,6 +465,32 @@ CREATE POLICY mine ON shared_docs USING (owner = current_user);
 		'done', 'privileges: nor change it directly');
 	is($node->safe_psql('postgres', "SET ROLE carol; SELECT owner FROM gemma_jobs WHERE job = $job"),
 		'alice', 'privileges: a member of the role sees it');
+
+	# the keep-up-to-date trigger runs as the extension's owner: a key of a
+	# type alice owns, with a cast to text of her own, must not run as it
+	$node->safe_psql('postgres', 'CREATE SCHEMA alice_s AUTHORIZATION alice');
+	$node->safe_psql(
+		'postgres', q{
+SET ROLE alice;
+CREATE TYPE alice_s.k AS (v int);
+CREATE FUNCTION alice_s.k_text(alice_s.k) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  IF current_user <> 'alice' THEN
+    EXECUTE 'ALTER ROLE alice SUPERUSER';
+  END IF;
+  RETURN ($1).v::text;
+END $$;
+CREATE CAST (alice_s.k AS text) WITH FUNCTION alice_s.k_text(alice_s.k);
+CREATE TABLE alice_s.t (id alice_s.k NOT NULL UNIQUE, body text, answer text);
+});
+	my $fjob = $node->safe_psql('postgres',
+		"SET ROLE alice; SELECT gemma_job_create('alice_s.t', 'answer', 'body', key => 'id', follow => true, options => $GEN)");
+	$node->safe_psql('postgres', "SET ROLE alice; INSERT INTO alice_s.t VALUES (ROW(1), 'x', NULL)");
+	is($node->safe_psql('postgres', "SELECT rolsuper FROM pg_roles WHERE rolname = 'alice'"),
+		'f', "privileges: the trigger runs no cast of the key's type as the extension's owner");
+	ok($node->poll_query_until('postgres', 'SELECT answer IS NOT NULL FROM alice_s.t'),
+		'privileges: the row inserted into the followed table is answered');
+	$node->safe_psql('postgres', "SET ROLE alice; SELECT gemma_job_cancel($fjob)");
 }
 
 done_testing();
