@@ -420,6 +420,13 @@ BEGIN
 	-- key as text by its type's output function (pg_catalog.format: base
 	-- types' I/O functions are a superuser's), never a cast, which the
 	-- owner of a composite or enum key type may define
+	-- an update by this job's own worker (its answer, and whatever the
+	-- table's triggers and generated columns derive from it: updated_at)
+	-- queues nothing, or the job would answer its rows for ever.  A session
+	-- naming itself so only keeps its own changes from being answered again.
+	IF TG_OP = 'UPDATE' AND pg_catalog.current_setting('application_name') = 'gemma4 job ' || TG_ARGV[0] THEN
+		RETURN NULL;
+	END IF;
 	IF NOT EXISTS (SELECT FROM gemma_job j WHERE j.id = TG_ARGV[0]::bigint
 				   AND j.relid::pg_catalog.oid = TG_RELID AND j.key_column = TG_ARGV[1]
 				   AND j.state NOT IN ('cancelled', 'done')) THEN

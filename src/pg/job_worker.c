@@ -58,6 +58,7 @@
 #include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "tcop/tcopprot.h"
+#include "utils/guc.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -175,7 +176,9 @@ gemma4_job_worker_main(Datum arg)
 	job.id = DatumGetInt64(arg);
 	job.index = args.index;
 	job.cxt = cxt;
-	pgstat_report_appname(psprintf("gemma4 job " INT64_FORMAT, job.id));
+	/* the setting, not only the activity entry: the job's enqueue trigger
+	 * tells the worker's own writes by it */
+	SetConfigOption("application_name", psprintf("gemma4 job " INT64_FORMAT, job.id), PGC_USERSET, PGC_S_SESSION);
 
 	if (!take_worker_lock(job.id, job.index))
 		proc_exit(0);

@@ -349,6 +349,37 @@ fault('restart -m immediate', sub {
 	$node->safe_psql('postgres', "SELECT gemma_job_cancel($job); DELETE FROM docs WHERE id = 1001");
 }
 
+# ---- keep up to date over a table that stamps its rows -----------------------
+# A BEFORE UPDATE trigger (updated_at) and a generated column change along
+# with each answer the job writes: that is no change to answer again.
+{
+	$node->safe_psql(
+		'postgres', q{
+CREATE TABLE stamped (id int PRIMARY KEY, body text NOT NULL, summary text,
+                      summary_len int GENERATED ALWAYS AS (length(summary)) STORED, updated_at timestamptz);
+CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.updated_at := clock_timestamp();
+  RETURN NEW;
+END $$;
+CREATE TRIGGER stamp BEFORE UPDATE ON stamped FOR EACH ROW EXECUTE FUNCTION stamp();
+INSERT INTO stamped (id, body) SELECT i, 'stamped note ' || i FROM generate_series(1, 3) i;
+});
+	my $job = $node->safe_psql('postgres',
+		"SELECT gemma_job_create('stamped', 'summary', 'body', options => $GEN, follow => true)");
+	ok($node->poll_query_until('postgres',
+			"SELECT rows_done >= 3 AND rows_pending = 0 FROM gemma_jobs WHERE job = $job"),
+		'stamped: the three rows are answered');
+	sleep 2;
+	is($node->safe_psql('postgres', "SELECT rows_done, rows_pending FROM gemma_jobs WHERE job = $job"),
+		'3|0', 'stamped: each once, none queued again by its own write');
+	$node->safe_psql('postgres', "UPDATE stamped SET body = 'changed' WHERE id = 2");
+	ok($node->poll_query_until('postgres',
+			"SELECT rows_done = 4 AND rows_pending = 0 FROM gemma_jobs WHERE job = $job"),
+		'stamped: a row changed by a user is answered again');
+	$node->safe_psql('postgres', "SELECT gemma_job_cancel($job)");
+}
+
 # ---- media: an image changed while it was answered ------------------------
 {
 	my $media = "$FindBin::RealBin/../../fixtures/media";
