@@ -539,9 +539,9 @@ BEGIN
 	  USING current_user::regrole, relation, key, target, prompt, condition, system,
 			coalesce(options, '{}'), coalesce(completion, false), coalesce(follow, false), workers,
 			pg_catalog.current_setting('search_path'), images, audio;
-	-- keys as text the way the trigger and the workers write them
-	EXECUTE format('INSERT INTO %s.gemma_job_queue (job_id, key) SELECT $1, pg_catalog.format(''%%s'', %I) '
-				   'FROM %s WHERE %s', ext, key, rel, coalesce(condition, 'true')) USING job;
+	-- the triggers before the queue's fill: CREATE TRIGGER waits for the
+	-- writers in flight on the table and holds off new ones until this
+	-- commits, so the fill sees every row a trigger did not queue
 	IF follow THEN
 		EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s.gemma_job_enqueue(%L, %L)',
 					   'gemma_job_' || job || '_insert', rel, ext, job, key);
@@ -551,6 +551,9 @@ BEGIN
 					   'EXECUTE FUNCTION %s.gemma_job_enqueue(%L, %L)',
 					   'gemma_job_' || job || '_update', rel, target, target, ext, job, key);
 	END IF;
+	-- keys as text the way the trigger and the workers write them
+	EXECUTE format('INSERT INTO %s.gemma_job_queue (job_id, key) SELECT $1, pg_catalog.format(''%%s'', %I) '
+				   'FROM %s WHERE %s', ext, key, rel, coalesce(condition, 'true')) USING job;
 	EXECUTE format('SELECT %s.gemma_job_launch($1)', ext) USING job;
 	RETURN job;
 END

@@ -349,6 +349,34 @@ fault('restart -m immediate', sub {
 	$node->safe_psql('postgres', "SELECT gemma_job_cancel($job); DELETE FROM docs WHERE id = 1001");
 }
 
+# ---- keep up to date from the first moment ------------------------------------
+# A row inserted by a transaction still open while a follow job is created
+# is answered: the job's triggers wait for that transaction, and the
+# queue's fill then sees its row.
+{
+	$node->safe_psql('postgres',
+		"CREATE TABLE early (id int PRIMARY KEY, body text NOT NULL, summary text); INSERT INTO early VALUES (1, 'first')");
+	my $writer = $node->background_psql('postgres', on_error_stop => 1);
+	$writer->query_safe('BEGIN');
+	$writer->query_safe("INSERT INTO early VALUES (2, 'written while the job is created')");
+	my $creator = $node->background_psql('postgres', on_error_stop => 1);
+	G4Test::start_query($creator,
+		"SELECT gemma_job_create('early', 'summary', 'body', options => $GEN, follow => true)");
+	ok( $node->poll_query_until(
+			'postgres',
+			"SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%gemma_job_create(''early''%'"
+		),
+		'early: creating the job waits for the open transaction');
+	$writer->query_safe('COMMIT');
+	my ($job) = G4Test::finish_query($creator);
+	$job =~ s/\D//g;
+	ok($node->poll_query_until('postgres', 'SELECT count(*) = 2 FROM early WHERE summary IS NOT NULL'),
+		'early: both rows are answered, the one written meanwhile too');
+	$node->safe_psql('postgres', "SELECT gemma_job_cancel($job)");
+	$writer->quit;
+	$creator->quit;
+}
+
 # ---- keep up to date over a table that stamps its rows -----------------------
 # A BEFORE UPDATE trigger (updated_at) and a generated column change along
 # with each answer the job writes: that is no change to answer again.
