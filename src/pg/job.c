@@ -41,6 +41,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
@@ -57,6 +58,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 
 PG_FUNCTION_INFO_V1(gemma_job_check_options);
 PG_FUNCTION_INFO_V1(gemma_job_launch);
@@ -131,6 +133,20 @@ gemma_job_check_options(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+/* Whether a role exists and may log in (as the job's workers do). */
+static bool
+owner_can_log_in(Oid owner)
+{
+	HeapTuple	t = SearchSysCache1(AUTHOID, ObjectIdGetDatum(owner));
+	bool		ok;
+
+	if (!HeapTupleIsValid(t))
+		return false;
+	ok = ((Form_pg_authid) GETSTRUCT(t))->rolcanlogin;
+	ReleaseSysCache(t);
+	return ok;
+}
+
 /*
  * gemma_job_launch(job bigint): start the job's workers when the current
  * transaction commits.  The job is read as the caller (its row-level
@@ -161,6 +177,19 @@ gemma_job_launch(PG_FUNCTION_ARGS)
 	owner = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	workers = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	SPI_finish();
+
+	/* a worker connects as the owner: one that cannot log in would die
+	 * before it could mark the job failed, leaving it running with none */
+	if (!owner_can_log_in(owner))
+	{
+		char	   *name = GetUserNameFromId(owner, false);
+
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the owner of gemma job " INT64_FORMAT ", %s, cannot log in, so no worker can run the job",
+						job, name),
+				 errhint("ALTER ROLE %s LOGIN, then resume the job.", quote_identifier(name))));
+	}
 
 	if (!xact_callback_registered)
 	{
@@ -381,11 +410,17 @@ gemma4_job_starter_main(Datum arg)
 
 		SPI_connect();
 		PushActiveSnapshot(GetTransactionSnapshot());
-		/* a worker could not even connect as a dropped owner */
+		/* a worker could not even connect as a dropped owner, or one that
+		 * cannot log in */
 		if (SPI_execute(psprintf("UPDATE %s SET state = 'failed', finished_at = now(), "
 								 "last_error = 'the role that created the job no longer exists' "
 								 "WHERE state = 'running' AND NOT EXISTS "
 								 "(SELECT FROM pg_catalog.pg_roles r WHERE r.oid = owner)",
+								 g4_job_table("gemma_job")), false, 0) != SPI_OK_UPDATE ||
+			SPI_execute(psprintf("UPDATE %s SET state = 'failed', finished_at = now(), "
+								 "last_error = 'the role that created the job, ' || owner || ', cannot log in' "
+								 "WHERE state = 'running' AND EXISTS "
+								 "(SELECT FROM pg_catalog.pg_roles r WHERE r.oid = owner AND NOT r.rolcanlogin)",
 								 g4_job_table("gemma_job")), false, 0) != SPI_OK_UPDATE)
 			elog(ERROR, "could not fail the gemma jobs of dropped roles");
 		if (SPI_execute(psprintf("SELECT id, owner, workers FROM %s WHERE state = 'running' ORDER BY id",

@@ -550,6 +550,26 @@ CREATE TABLE alice_s.t (id alice_s.k NOT NULL UNIQUE, body text, answer text);
 	ok($node->poll_query_until('postgres', 'SELECT answer IS NOT NULL FROM alice_s.t'),
 		'privileges: the row inserted into the followed table is answered');
 	$node->safe_psql('postgres', "SET ROLE alice; SELECT gemma_job_cancel($fjob)");
+
+	# an owner who can no longer log in: no worker could run the job, so
+	# resuming it is refused and it stays paused
+	$node->safe_psql('postgres',
+		"CREATE TABLE bob_docs (id int PRIMARY KEY, body text, summary text); INSERT INTO bob_docs VALUES (1, 'x');"
+		  . 'GRANT SELECT, UPDATE ON bob_docs TO bob');
+	my $bjob = $node->safe_psql('postgres',
+		"SET ROLE bob; SELECT c.j FROM (SELECT gemma_job_create('bob_docs', 'summary', 'body', options => $GEN) AS j "
+		  . "OFFSET 0) c CROSS JOIN LATERAL gemma_job_pause(c.j)");
+	$node->safe_psql('postgres', 'ALTER ROLE bob NOLOGIN');
+	($ret, $out, $err) = $node->psql('postgres', "SELECT gemma_job_resume($bjob)",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	like($err, qr/ERROR:  55000: the owner of gemma job $bjob, bob, cannot log in/,
+		'privileges: a job whose owner cannot log in is not resumed');
+	is($node->safe_psql('postgres', "SELECT state FROM gemma_jobs WHERE job = $bjob"),
+		'paused', 'privileges: it stays paused');
+	$node->safe_psql('postgres', 'ALTER ROLE bob LOGIN');
+	$node->safe_psql('postgres', "SELECT gemma_job_resume($bjob)");
+	ok($node->poll_query_until('postgres', "SELECT state = 'done' FROM gemma_jobs WHERE job = $bjob"),
+		'privileges: once it can, the job resumes and completes');
 }
 
 done_testing();
