@@ -3,6 +3,7 @@
  */
 #include "kv_pool_diff.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,21 +43,61 @@ load16(const uint8_t *p)
 	return v;
 }
 
-/* Count one element or scale `by` codes apart; 1 when it differs. */
+/* Count one element or scale `by` codes apart; 1 when it differs.  `near`:
+ * further than one code, yet within float32 noise of its vector (see
+ * G4_KV_DIFF_NOISE), which is a flip too. */
 static int
-tally(const entry_at *at, long by, long *flipped, const char *what, int elem)
+tally(const entry_at *at, long by, int near, long *flipped, const char *what, int elem, const char *values)
 {
 	h_kv_diff  *d = at->d;
 
 	if (by == 0)
 		return 0;
-	if (by == 1)
+	if (by == 1 || near)
 		(*flipped)++;
 	else if (d->far++ == 0)
 		snprintf(d->first_far, sizeof(d->first_far),
-				 "%s %d of layer %d of group %d, block %d, head %d, token %d: %ld codes apart", what, elem,
-				 at->L->index, at->L->group, at->block, at->head, at->tok, by);
+				 "%s %d of layer %d of group %d, block %d, head %d, token %d: %ld codes apart%s", what, elem,
+				 at->L->index, at->L->group, at->block, at->head, at->tok, by, values);
 	return 1;
+}
+
+static float
+bf16_value(uint16_t h)
+{
+	uint32_t	u = (uint32_t) h << 16;
+	float		f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* The bf16 elements e[0..hd) of an entry in both images: float32 noise is
+ * relative to the vector (a matmul's or a norm's rounding), so an element
+ * small against the vector's largest magnitude may lie several of its own
+ * ulps from the other side's and still be a flip. */
+static int
+diff_bf16_vector(const entry_at *at, const uint8_t *ha, const uint8_t *hb, size_t e, int hd, const char *what)
+{
+	float		largest = 0.0f;
+	int			differ = 0,
+				i;
+
+	for (i = 0; i < hd; i++)
+		largest = fmaxf(largest, fmaxf(fabsf(bf16_value(load16(ha + 2 * (e + (size_t) i)))),
+									   fabsf(bf16_value(load16(hb + 2 * (e + (size_t) i))))));
+	for (i = 0; i < hd; i++)
+	{
+		uint16_t	a = load16(ha + 2 * (e + (size_t) i)),
+					b = load16(hb + 2 * (e + (size_t) i));
+		float		gap = fabsf(bf16_value(a) - bf16_value(b));
+		char		values[80];
+
+		snprintf(values, sizeof(values), " (%.6g and %.6g; the vector's largest magnitude %.6g)", bf16_value(a),
+				 bf16_value(b), largest);
+		differ |= tally(at, dist16(a, b), gap <= G4_KV_DIFF_NOISE * largest, &at->d->codes_flipped, what, i, values);
+	}
+	return differ;
 }
 
 /* One (token, head) entry of a head block in each image; 1 when any of its
@@ -77,13 +118,8 @@ diff_entry(const entry_at *at, int dtype, const uint8_t *ha, const uint8_t *hb)
 
 		/* K then V, each [16][hd]; a k_eq_v layer stores V alone */
 		for (part = 0; part < (L->k_eq_v ? 1 : 2); part++)
-		{
-			size_t		e = ((size_t) part * G4_KV_BLOCK_TOKENS + (size_t) t) * (size_t) hd;
-
-			for (i = 0; i < hd; i++)
-				differ |= tally(at, dist16(load16(ha + 2 * (e + (size_t) i)), load16(hb + 2 * (e + (size_t) i))),
-								&d->codes_flipped, part ? "V element" : "K element", i);
-		}
+			differ |= diff_bf16_vector(at, ha, hb, ((size_t) part * G4_KV_BLOCK_TOKENS + (size_t) t) * (size_t) hd, hd,
+									   part ? "V element" : "K element");
 		return differ;
 	}
 
@@ -93,9 +129,9 @@ diff_entry(const entry_at *at, int dtype, const uint8_t *ha, const uint8_t *hb)
 				   *qb = (const int8_t *) hb + (size_t) t * (size_t) hd;
 		size_t		so = g4_kv_tq_kscale_off(hd) + 2 * (size_t) t;
 
-		differ |= tally(at, dist16(load16(ha + so), load16(hb + so)), &d->scales_flipped, "int8 scale", 0);
+		differ |= tally(at, dist16(load16(ha + so), load16(hb + so)), 0, &d->scales_flipped, "int8 scale", 0, "");
 		for (i = 0; i < hd; i++)
-			differ |= tally(at, labs((long) qa[i] - (long) qb[i]), &d->codes_flipped, "int8 code", i);
+			differ |= tally(at, labs((long) qa[i] - (long) qb[i]), 0, &d->codes_flipped, "int8 code", i, "");
 	}
 	if (!L->k_eq_v)
 	{
@@ -106,14 +142,14 @@ diff_entry(const entry_at *at, int dtype, const uint8_t *ha, const uint8_t *hb)
 
 		for (i = 0; i < hd / G; i++)
 			differ |= tally(at, dist16(load16(ha + so + 2 * (size_t) i), load16(hb + so + 2 * (size_t) i)),
-							&d->scales_flipped, "value scale", i);
+							0, &d->scales_flipped, "value scale", i, "");
 		for (i = 0; i < hd; i++)
 		{
 			int			sh = 4 * (i & 1);
 			long		ca = (ha[vo + (size_t) i / 2] >> sh) & 15,
 						cb = (hb[vo + (size_t) i / 2] >> sh) & 15;
 
-			differ |= tally(at, labs(ca - cb), &d->codes_flipped, "value code", i);
+			differ |= tally(at, labs(ca - cb), 0, &d->codes_flipped, "value code", i, "");
 		}
 	}
 	return differ;
