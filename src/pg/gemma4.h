@@ -86,6 +86,7 @@ extern int	g4_max_tokens_limit;	/* 0 = no limit but the window */
 extern int	g4_max_queued_requests;
 extern int	g4_queue_timeout;	/* ms a request may wait for a slot */
 extern int	g4_engine_stall_timeout;	/* ms without engine progress, 0 = no watchdog */
+extern int	g4_job_check_interval;	/* s between checks of the running jobs' workers */
 
 /* gemma4.untranslatable_characters */
 typedef enum

@@ -11,18 +11,21 @@
  *
  *	- gemma_job_launch(job) starts a job's workers when the transaction that
  *	  created or resumed it commits (before that, they could not see it);
- *	- after a server start or a crash restart, nothing remembers them: the
- *	  supervisor, the one process that is always there, starts the job
- *	  launcher each time it starts.  The launcher connects to no database;
- *	  it lists the databases and, one after the other, starts a short-lived
- *	  starter in each, which starts the workers of the jobs left running
- *	  there.
+ *	- the supervisor, the one process that is always there, starts the job
+ *	  launcher when it starts and every gemma4.job_check_interval after.
+ *	  The launcher connects to no database; it lists the databases and, one
+ *	  after the other, starts a short-lived starter in each, which starts
+ *	  the missing workers of the jobs running there.  So the workers come
+ *	  back after a server start or a crash restart (nothing remembers them),
+ *	  and a worker that went away while its job runs (pg_terminate_backend,
+ *	  no free worker slot) is started again.
  *
- * Job workers are never restarted by the postmaster (BGW_NEVER_RESTART):
- * after a crash the launcher starts them again, and a job whose worker
- * fails is marked failed (gemma_job_resume starts it again).  A worker
- * takes a session lock on (job, worker number) before it does anything, so
- * a worker started twice exits at once.
+ * Job workers are never restarted by the postmaster (BGW_NEVER_RESTART): a
+ * job whose worker fails with an error is marked failed (gemma_job_resume
+ * starts it again), and a worker that cannot connect must not be retried
+ * in a loop.  A worker holds a session lock on (job, worker number) while
+ * it runs: the starter starts only workers whose lock is free, and a
+ * worker started twice exits at once.
  *
  * IDENTIFICATION
  *	  src/pg/job.c
@@ -262,8 +265,8 @@ forget_aborted_launches(SubXactEvent event, SubTransactionId mySubid, SubTransac
 
 /*
  * Register the job's workers.  Never raises an error (it runs at commit):
- * a worker that cannot be registered is reported, and started again by the
- * next gemma_job_resume or server start.
+ * a worker that cannot be registered is reported, and started by the next
+ * check of the running jobs (gemma4.job_check_interval).
  */
 static void
 register_job_workers(int64 job, Oid database, Oid owner, int workers)
@@ -297,7 +300,7 @@ g4_register_job_worker(int64 job, Oid database, Oid owner, int index)
 		ereport(WARNING,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("could not start worker %d of gemma job " INT64_FORMAT, index, job),
-				 errhint("Raise max_worker_processes, then SELECT gemma_job_resume(" INT64_FORMAT ") after pausing it, or restart the server.", job)));
+				 errhint("Raise max_worker_processes: the worker is started within gemma4.job_check_interval of a slot being free.")));
 }
 
 /* Register a dynamic worker whose main function is in this library. */
@@ -320,15 +323,34 @@ register_helper(const char *function, const char *name, Datum arg, int notify_pi
 	return RegisterDynamicBackgroundWorker(&w, handle);
 }
 
-/* Called by the supervisor each time it starts. */
+/*
+ * Called by the supervisor when it starts and every gemma4.job_check_interval:
+ * start the job launcher, unless the last one is still at work.
+ */
 void
 g4_jobs_start_launcher(void)
 {
-	if (!register_helper("gemma4_job_launcher_main", "gemma4 job launcher", (Datum) 0, 0, NULL))
+	static BackgroundWorkerHandle *launcher;
+	MemoryContext old;
+	pid_t		pid;
+
+	if (launcher != NULL)
+	{
+		if (GetBackgroundWorkerPid(launcher, &pid) != BGWH_STOPPED)
+			return;
+		pfree(launcher);
+		launcher = NULL;
+	}
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	if (!register_helper("gemma4_job_launcher_main", "gemma4 job launcher", (Datum) 0, 0, &launcher))
+	{
+		launcher = NULL;
 		ereport(WARNING,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-				 errmsg("could not start the gemma4 job launcher: running table jobs do not resume"),
+				 errmsg("could not start the gemma4 job launcher: running table jobs with a missing worker wait"),
 				 errhint("Raise max_worker_processes.")));
+	}
+	MemoryContextSwitchTo(old);
 }
 
 /*
@@ -388,10 +410,25 @@ gemma4_job_launcher_main(Datum arg)
 	proc_exit(0);
 }
 
+/* Whether worker `index` of a job runs in this database: it holds its lock. */
+static bool
+job_worker_runs(int64 job, int index)
+{
+	LOCKTAG		tag;
+
+	g4_job_worker_lock_tag(&tag, job, index);
+	if (LockAcquire(&tag, ExclusiveLock, true, true) == LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	LockRelease(&tag, ExclusiveLock, true);
+	return false;
+}
+
 /*
  * The starter of one database: if the extension is installed there, start
- * the workers of every running job.  It connects as the bootstrap superuser
- * (it reads every job); each worker connects as its job's owner.
+ * the missing workers of every running job (one registered but not yet
+ * holding its lock is started twice, and the second exits).  It connects as
+ * the bootstrap superuser (it reads every job); each worker connects as its
+ * job's owner.
  */
 void
 gemma4_job_starter_main(Datum arg)
@@ -432,9 +469,14 @@ gemma4_job_starter_main(Datum arg)
 			TupleDesc	d = SPI_tuptable->tupdesc;
 			bool		isnull;
 
-			register_job_workers(DatumGetInt64(SPI_getbinval(t, d, 1, &isnull)), MyDatabaseId,
-								 DatumGetObjectId(SPI_getbinval(t, d, 2, &isnull)),
-								 DatumGetInt32(SPI_getbinval(t, d, 3, &isnull)));
+			int64		job = DatumGetInt64(SPI_getbinval(t, d, 1, &isnull));
+			Oid			owner = DatumGetObjectId(SPI_getbinval(t, d, 2, &isnull));
+			int			workers = DatumGetInt32(SPI_getbinval(t, d, 3, &isnull)),
+						w;
+
+			for (w = 0; w < workers; w++)
+				if (!job_worker_runs(job, w))
+					g4_register_job_worker(job, MyDatabaseId, owner, w);
 		}
 		PopActiveSnapshot();
 		SPI_finish();

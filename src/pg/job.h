@@ -13,6 +13,8 @@
 
 #include "postgres.h"
 
+#include "storage/lock.h"
+
 /* What a job worker is told besides its job id (bgw_main_arg). */
 typedef struct G4JobWorkerArgs
 {
@@ -23,6 +25,9 @@ typedef struct G4JobWorkerArgs
 
 /* The extension's table name, schema-qualified and quoted for SQL. */
 extern char *g4_job_table(const char *name);
+/* The session lock worker `index` of a job holds while it runs, in this
+ * database (job_worker.c). */
+extern void g4_job_worker_lock_tag(LOCKTAG *tag, int64 job, int index);
 /* Start worker `index` of a job (a warning when no worker slot is free). */
 extern void g4_register_job_worker(int64 job, Oid database, Oid owner, int index);
 

@@ -135,7 +135,6 @@ static void begin_tx(void);
 static void commit_tx(void);
 static SPIPlanPtr plan(const char *sql, int nargs, Oid *argtypes);
 static bool take_worker_lock(int64 job, int index);
-static void worker_lock_tag(LOCKTAG *tag, int64 job, int index);
 static void hand_over(Job *job, Oid database, Oid owner);
 static bool load_job(Job *job, Oid owner);
 static void run_job(Job *job);
@@ -233,7 +232,7 @@ hand_over(Job *job, Oid database, Oid owner)
 	Datum		v[2] = {Int64GetDatum(job->id), ObjectIdGetDatum(owner)};
 	bool		running;
 
-	worker_lock_tag(&tag, job->id, job->index);
+	g4_job_worker_lock_tag(&tag, job->id, job->index);
 	LockRelease(&tag, ExclusiveLock, true);
 	begin_tx();
 	if (SPI_execute_with_args(psprintf("SELECT FROM %s WHERE id = $1 AND state = 'running' AND owner = $2",
@@ -289,14 +288,14 @@ take_worker_lock(int64 job, int index)
 	LockAcquireResult res;
 
 	StartTransactionCommand();
-	worker_lock_tag(&tag, job, index);
+	g4_job_worker_lock_tag(&tag, job, index);
 	res = LockAcquire(&tag, ExclusiveLock, true, true);
 	CommitTransactionCommand();
 	return res != LOCKACQUIRE_NOT_AVAIL;
 }
 
-static void
-worker_lock_tag(LOCKTAG *tag, int64 job, int index)
+void
+g4_job_worker_lock_tag(LOCKTAG *tag, int64 job, int index)
 {
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (job >> 32), (uint32) job, JOB_LOCK_FIELD4 + index);
 }

@@ -56,6 +56,7 @@ int			g4_max_tokens_limit = 0;
 int			g4_max_queued_requests = 64;
 int			g4_queue_timeout = 30000;
 int			g4_engine_stall_timeout = 60000;
+int			g4_job_check_interval = 60;
 int			g4_untranslatable_characters = G4_UNTRANSLATABLE_ERROR;
 
 static const struct config_enum_entry kv_cache_dtype_options[] = {
@@ -260,6 +261,13 @@ define_server_gucs(void)
 							PGC_SIGHUP, GUC_UNIT_MS,
 							check_stall_timeout, NULL, NULL);
 
+	DefineCustomIntVariable("gemma4.job_check_interval",
+							"Time between checks that every running table job has its workers.",
+							"A missing worker (terminated, or refused a worker slot) is started again; after a server start the check runs at once.",
+							&g4_job_check_interval,
+							60, 1, INT_MAX / 1000,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
 	DefineCustomStringVariable("gemma4.model_dir",
 							   "Model the worker serves: a directory (safetensors) or a .gguf file.",
 							   "Empty means the default model installed at SHAREDIR/gemma4/default-model.gguf.",

@@ -120,6 +120,8 @@ static bool engine_abandoned = false;
 static bool waiting_for_reload = false;
 static TimestampTz restart_at = 0;
 static int	restart_delay_ms = RESTART_DELAY_MIN_MS;
+/* when the job launcher was last started (job.c) */
+static TimestampTz jobs_checked_at = 0;
 
 static WaitEventSet *wait_set = NULL;
 static int	sock_pos = -1;
@@ -194,8 +196,9 @@ gemma4_supervisor_main(Datum arg)
 
 	build_wait_set();
 	start_engine();
-	/* table jobs left running resume (job.c) */
+	/* table jobs left running resume, and go on resuming (job.c) */
 	g4_jobs_start_launcher();
+	jobs_checked_at = GetCurrentTimestamp();
 
 	while (!ShutdownRequestPending)
 	{
@@ -235,6 +238,11 @@ gemma4_supervisor_main(Datum arg)
 		{
 			restart_at = 0;
 			start_engine();
+		}
+		if (TimestampDifferenceExceeds(jobs_checked_at, GetCurrentTimestamp(), g4_job_check_interval * 1000))
+		{
+			g4_jobs_start_launcher();
+			jobs_checked_at = GetCurrentTimestamp();
 		}
 		update_socket_events();
 	}

@@ -4,7 +4,8 @@
 #     progress view is consistent at every poll, the engine answers each row
 #     exactly once, the worker is recognisable in pg_stat_activity;
 #   - a row whose write fails goes to gemma_job_errors and the job goes on;
-#   - pause, resume, cancel;
+#   - pause, resume, cancel; a terminated worker is started again by the
+#     next check of the running jobs;
 #   - faults mid-job (kill -9 of the job worker, of the engine process,
 #     pg_ctl restart -m immediate): the job completes, every row is written
 #     exactly once, none is left;
@@ -28,7 +29,9 @@ use Test::More;
 my $ROWS = 300;
 my $GEN = "'{\"max_tokens\": 6}'";
 
-my $node = G4Test::new_node("jobs", "max_worker_processes = 16\nrestart_after_crash = on\n");
+# running jobs are checked for missing workers every second
+my $node = G4Test::new_node("jobs",
+	"max_worker_processes = 16\nrestart_after_crash = on\ngemma4.job_check_interval = 1\n");
 $node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION gemma4');
 is($node->safe_psql('postgres', 'SELECT gemma_wait_ready(60000)'), 't', 'the model is ready');
@@ -202,17 +205,16 @@ sub start_job
 		"paused|$done|0", 'pause: nothing moves, nothing is claimed');
 	$node->safe_psql('postgres', "SELECT gemma_job_resume($job)");
 	$node->poll_query_until('postgres', "SELECT rows_done > $done + 20 FROM gemma_jobs WHERE job = $job");
-	# a worker terminated by hand: resuming the running job starts it again
-	$node->safe_psql('postgres', 'SELECT pg_terminate_backend(' . job_worker_pid($job) . ')');
-	ok($node->poll_query_until('postgres',
-			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
-		'terminate: the worker is gone');
-	is($node->safe_psql('postgres', "SELECT state FROM gemma_jobs WHERE job = $job"),
-		'running', 'terminate: the job is still running');
-	$node->safe_psql('postgres', "SELECT gemma_job_resume($job)");
+	# a worker terminated by hand: the next check starts another
+	my $pid = job_worker_pid($job);
+	$node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
+	ok( $node->poll_query_until(
+			'postgres',
+			"SELECT count(*) = 1 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job' AND pid <> $pid"),
+		'terminate: another worker takes the job over');
 	my ($state) = wait_job($job, 'resume', $ROWS);
 	is($state, 'done', 'resume: the job completes');
-	check_filled('pause and resume');
+	check_filled('pause, resume and a terminated worker');
 
 	reset_docs();
 	$job = start_job();
