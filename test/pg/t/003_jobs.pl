@@ -488,6 +488,21 @@ INSERT INTO notes SELECT i, 'note ' || i FROM generate_series(1, 12) i;
 		'12', 'dump: it answers the restored table');
 	is($node->safe_psql('dump_src', 'SELECT count(*) FROM notes WHERE summary IS NOT NULL'),
 		'2', 'dump: and not the table it was dumped from');
+
+	# a database owner who is not a superuser: the job tables' row-level
+	# security stops a plain pg_dump; with --enable-row-security it dumps
+	# the jobs the role can see
+	$node->safe_psql('postgres', 'CREATE ROLE erin LOGIN; CREATE DATABASE erin_db OWNER erin');
+	$node->safe_psql('erin_db', 'CREATE EXTENSION gemma4; GRANT gemma_user TO erin');
+	my $ejob = $node->safe_psql('erin_db',
+		'SET ROLE erin; CREATE TABLE t (id int PRIMARY KEY, body text, summary text);'
+		  . "SELECT gemma_job_create('t', 'summary', 'body', condition => 'false')");
+	$node->command_fails_like([ 'pg_dump', '-U', 'erin', '-f', "$file.erin", 'erin_db' ],
+		qr/row-level security policy for table "gemma_job"/,
+		'dump: a plain pg_dump by a database owner who is not a superuser stops at the job tables');
+	$node->command_ok([ 'pg_dump', '-U', 'erin', '--enable-row-security', '-f', "$file.erin", 'erin_db' ],
+		'dump: with --enable-row-security it writes the database');
+	like(slurp_file("$file.erin"), qr/^$ejob\terin\tpublic\.t\t/m, 'dump: with the jobs of that role');
 }
 
 # ---- privileges -------------------------------------------------------------
