@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "halfconv.h"
 #include "kvformat.h"
 
 /* Where an entry lies, for the first far difference's message. */
@@ -62,16 +63,6 @@ tally(const entry_at *at, long by, int near, long *flipped, const char *what, in
 	return 1;
 }
 
-static float
-bf16_value(uint16_t h)
-{
-	uint32_t	u = (uint32_t) h << 16;
-	float		f;
-
-	memcpy(&f, &u, 4);
-	return f;
-}
-
 /* The bf16 elements e[0..hd) of an entry in both images: float32 noise is
  * relative to the vector (a matmul's or a norm's rounding), so an element
  * small against the vector's largest magnitude may lie several of its own
@@ -84,17 +75,17 @@ diff_bf16_vector(const entry_at *at, const uint8_t *ha, const uint8_t *hb, size_
 				i;
 
 	for (i = 0; i < hd; i++)
-		largest = fmaxf(largest, fmaxf(fabsf(bf16_value(load16(ha + 2 * (e + (size_t) i)))),
-									   fabsf(bf16_value(load16(hb + 2 * (e + (size_t) i))))));
+		largest = fmaxf(largest, fmaxf(fabsf(g4_bf16_to_f32(load16(ha + 2 * (e + (size_t) i)))),
+									   fabsf(g4_bf16_to_f32(load16(hb + 2 * (e + (size_t) i))))));
 	for (i = 0; i < hd; i++)
 	{
 		uint16_t	a = load16(ha + 2 * (e + (size_t) i)),
 					b = load16(hb + 2 * (e + (size_t) i));
-		float		gap = fabsf(bf16_value(a) - bf16_value(b));
+		float		gap = fabsf(g4_bf16_to_f32(a) - g4_bf16_to_f32(b));
 		char		values[80];
 
-		snprintf(values, sizeof(values), " (%.6g and %.6g; the vector's largest magnitude %.6g)", bf16_value(a),
-				 bf16_value(b), largest);
+		snprintf(values, sizeof(values), " (%.6g and %.6g; the vector's largest magnitude %.6g)", g4_bf16_to_f32(a),
+				 g4_bf16_to_f32(b), largest);
 		differ |= tally(at, dist16(a, b), gap <= G4_KV_DIFF_NOISE * largest, &at->d->codes_flipped, what, i, values);
 	}
 	return differ;
