@@ -424,8 +424,9 @@ job_worker_runs(int64 job, int index)
 }
 
 /*
- * The starter of one database: if the extension is installed there, start
- * the missing workers of every running job (one registered but not yet
+ * The starter of one database: if the extension is installed there, delete
+ * the jobs of dropped tables, fail those of owners who cannot run them and
+ * start the missing workers of every running job (one registered but not yet
  * holding its lock is started twice, and the second exits).  It connects as
  * the bootstrap superuser (it reads every job); each worker connects as its
  * job's owner.
@@ -447,6 +448,17 @@ gemma4_job_starter_main(Datum arg)
 
 		SPI_connect();
 		PushActiveSnapshot(GetTransactionSnapshot());
+		/*
+		 * A job goes with its table.  Left behind, it would keep the dropped
+		 * table's OID, which pg_dump writes as a number and a restore could
+		 * bind to another table.  (Done here rather than by an event trigger
+		 * on the drop: that would wait for the job's row, which a worker
+		 * writing answers holds while it waits for the dropped table.)
+		 */
+		if (SPI_execute(psprintf("DELETE FROM %s j WHERE NOT EXISTS "
+								 "(SELECT FROM pg_catalog.pg_class c WHERE c.oid = j.relid::pg_catalog.oid)",
+								 g4_job_table("gemma_job")), false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not delete the gemma jobs of dropped tables");
 		/* a worker could not even connect as a dropped owner, or one that
 		 * cannot log in */
 		if (SPI_execute(psprintf("UPDATE %s SET state = 'failed', finished_at = now(), "

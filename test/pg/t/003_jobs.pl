@@ -13,6 +13,7 @@
 #     later, end with the answer to their current prompt, never a stale one;
 #   - media columns: a row whose image changed while it was answered is
 #     queued again and answered from its new image;
+#   - a dropped table takes its jobs with it;
 #   - pg_dump and restore: the jobs come back naming their table and role,
 #     new ones are numbered after them, a paused one resumes there;
 #   - privileges: a job cannot read what its creator cannot, another role
@@ -443,6 +444,24 @@ CREATE TABLE photo_answers AS
 	is($node->safe_psql('postgres', 'SELECT finished FROM gemma_stats'),
 		$finished + 3, 'media: the changed row was answered again, once');
 	$node->safe_psql('postgres', 'DROP TABLE photos, photo_answers');
+}
+
+# ---- a dropped table ----------------------------------------------------------
+# A job goes with its table: dropped mid-job, the worker leaves and the
+# next check deletes the job.
+{
+	$node->safe_psql('postgres',
+		"CREATE TABLE gone (id int PRIMARY KEY, body text, summary text); INSERT INTO gone SELECT i, 'x' || i FROM generate_series(1, 200) i"
+	);
+	my $job = $node->safe_psql('postgres',
+		"SELECT gemma_job_create('gone', 'summary', \$\$body || pg_sleep(0.01)::text\$\$, options => $GEN)");
+	$node->poll_query_until('postgres', "SELECT rows_done > 5 FROM gemma_jobs WHERE job = $job");
+	$node->safe_psql('postgres', 'DROP TABLE gone');
+	ok($node->poll_query_until('postgres',
+			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+		'dropped table: the worker leaves');
+	ok($node->poll_query_until('postgres', "SELECT count(*) = 0 FROM gemma_job WHERE id = $job"),
+		'dropped table: the next check deletes its job');
 }
 
 # ---- pg_dump and restore -------------------------------------------------------
