@@ -122,7 +122,7 @@ mix_to_mono(float *buf, int64_t frames, int channels)
 }
 
 int
-g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, const volatile int *cancel, g4_audio *out,
+g4_audio_decode(const uint8_t *data, size_t len, double max_seconds, const g4_cancel_flag *cancel, g4_audio *out,
 				g4_err *err)
 {
 	SF_VIRTUAL_IO io = {mem_length, mem_seek, mem_read, mem_write, mem_tell};

@@ -558,7 +558,7 @@ render_gemma3(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message 
 int
 g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids, const g4_message *msgs,
 			   int n_msgs, int enable_thinking, int add_generation_prompt, int allow_control_tokens,
-			   const volatile int *cancel, int32_t **out, int *n, int *cap, g4_err *err)
+			   const g4_cancel_flag *cancel, int32_t **out, int *n, int *cap, g4_err *err)
 {
 	g4_buf		text = {0},
 				tmp = {0};

@@ -62,7 +62,7 @@ int			g4_chat_spans_except_media(const g4_tokenizer *tok, const g4_chat_ids *ids
 int			g4_chat_encode(const g4_tokenizer *tok, const g4_chat_ids *ids,
 						   const g4_message *msgs, int n_msgs, int enable_thinking,
 						   int add_generation_prompt, int allow_control_tokens,
-						   const volatile int *cancel,
+						   const g4_cancel_flag *cancel,
 						   int32_t **out, int *n, int *cap, g4_err *err);
 
 /* Append a media item (kind: g4_media_kind) as the processor expands its

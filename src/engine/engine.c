@@ -368,7 +368,7 @@ struct g4_prepared
 };
 
 int
-g4_prepare(g4_engine *e, const g4_request *req, const volatile int *cancel, g4_prepared **out,
+g4_prepare(g4_engine *e, const g4_request *req, const g4_cancel_flag *cancel, g4_prepared **out,
 		   g4_err *err)
 {
 	g4_prepared *p = g4_calloc(1, sizeof(g4_prepared));

@@ -18,6 +18,13 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#ifdef __cplusplus
+extern "C++" {				/* included from within extern "C" blocks */
+#include <atomic>
+}
+#else
+#include <stdatomic.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -412,7 +419,14 @@ int			g4_submit(g4_engine *e, const g4_request *req, uint64_t *seq_id,
  * is not NULL it is polled; a non-zero value stops the work with
  * G4_ERR_CANCELLED.  The request's strings need not outlive the call. */
 typedef struct g4_prepared g4_prepared;
-int			g4_prepare(g4_engine *e, const g4_request *req, const volatile int *cancel,
+/* A request's cancel flag: set by one thread, polled by the one preparing
+ * (C++ sees the header through the CUDA backend's includes). */
+#ifdef __cplusplus
+typedef std::atomic_int g4_cancel_flag;
+#else
+typedef atomic_int g4_cancel_flag;
+#endif
+int			g4_prepare(g4_engine *e, const g4_request *req, const g4_cancel_flag *cancel,
 					   g4_prepared **out, g4_err *err);
 /* Queue a prepared request (engine thread only); takes ownership of p in
  * every case. */

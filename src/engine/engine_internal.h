@@ -161,7 +161,7 @@ struct g4_engine
 /* ---- seq.c ---- */
 g4_seq	   *g4_seq_new(g4_engine *e, const g4_request *req, g4_err *err);
 /* g4_seq_new in two parts: any thread, then the engine thread */
-g4_seq	   *g4_seq_prepare(const g4_engine *e, const g4_request *req, const volatile int *cancel,
+g4_seq	   *g4_seq_prepare(const g4_engine *e, const g4_request *req, const g4_cancel_flag *cancel,
 						   g4_err *err);
 void		g4_seq_admit(g4_engine *e, g4_seq *s);
 void		g4_seq_free(g4_seq *s);

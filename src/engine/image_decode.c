@@ -132,7 +132,7 @@ exif_orientation(const uint8_t *t, size_t n)
  * Source pixel (sx, sy) of destination (x, y) in a W' x H' result.
  */
 static int
-apply_orientation(g4_image *img, int orientation, const volatile int *cancel, g4_err *err)
+apply_orientation(g4_image *img, int orientation, const g4_cancel_flag *cancel, g4_err *err)
 {
 	int			w = img->width,
 				h = img->height;
@@ -232,7 +232,7 @@ png_on_warning(png_structp png, png_const_charp msg)
 }
 
 static int
-decode_png(const uint8_t *data, size_t len, int64_t max_pixels, const volatile int *cancel, g4_image *img,
+decode_png(const uint8_t *data, size_t len, int64_t max_pixels, const g4_cancel_flag *cancel, g4_image *img,
 		   g4_err *err)
 {
 	png_src		src;
@@ -370,7 +370,7 @@ typedef struct
 	jmp_buf		jb;
 	int			truncated;
 	int			too_many_scans;
-	const volatile int *cancel;
+	const g4_cancel_flag *cancel;
 	g4_err	   *err;
 	int			cancelled;
 } jpeg_errors;
@@ -415,7 +415,7 @@ jpeg_on_message(j_common_ptr cinfo, int level)
 }
 
 static int
-decode_jpeg(const uint8_t *data, size_t len, int64_t max_pixels, const volatile int *cancel, g4_image *img,
+decode_jpeg(const uint8_t *data, size_t len, int64_t max_pixels, const g4_cancel_flag *cancel, g4_image *img,
 			g4_err *err)
 {
 	struct jpeg_decompress_struct cinfo;
@@ -563,7 +563,7 @@ webp_exif(const uint8_t *data, size_t len, size_t *n)
  * piece completes and lets cancel be polled in between.  Its pixels are
  * WebPDecodeRGBInto's. */
 static int
-decode_webp_pixels(const uint8_t *data, size_t len, const volatile int *cancel, g4_image *img, g4_err *err)
+decode_webp_pixels(const uint8_t *data, size_t len, const g4_cancel_flag *cancel, g4_image *img, g4_err *err)
 {
 	WebPIDecoder *idec = WebPINewRGB(MODE_RGB, img->rgb, (size_t) img->width * img->height * 3, img->width * 3);
 	size_t		fed = 0;
@@ -592,7 +592,7 @@ decode_webp_pixels(const uint8_t *data, size_t len, const volatile int *cancel, 
 }
 
 static int
-decode_webp(const uint8_t *data, size_t len, int64_t max_pixels, const volatile int *cancel, g4_image *img,
+decode_webp(const uint8_t *data, size_t len, int64_t max_pixels, const g4_cancel_flag *cancel, g4_image *img,
 			g4_err *err)
 {
 	WebPBitstreamFeatures f;
@@ -653,7 +653,7 @@ gif_error(GifFileType *gif, int code, g4_err *err)
 }
 
 static int
-decode_gif(const uint8_t *data, size_t len, int64_t max_pixels, const volatile int *cancel, g4_image *img,
+decode_gif(const uint8_t *data, size_t len, int64_t max_pixels, const g4_cancel_flag *cancel, g4_image *img,
 		   g4_err *err)
 {
 	gif_src		src = {data, len, 0};
@@ -797,7 +797,7 @@ done:
 }
 
 int
-g4_image_decode(const uint8_t *data, size_t len, int64_t max_pixels, const volatile int *cancel, g4_image *out,
+g4_image_decode(const uint8_t *data, size_t len, int64_t max_pixels, const g4_cancel_flag *cancel, g4_image *out,
 				g4_err *err)
 {
 	memset(out, 0, sizeof(*out));

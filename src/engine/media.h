@@ -81,7 +81,7 @@ int			g4_media_limits_from_request(const g4_request *req, g4_media_limits *lim, 
 /* Decode PNG, JPEG, WebP or GIF (first frame).  The pixel count is checked
  * against max_pixels from the header, before any pixel memory is taken. */
 int			g4_image_decode(const uint8_t *data, size_t len, int64_t max_pixels,
-							const volatile int *cancel, g4_image *out, g4_err *err);
+							const g4_cancel_flag *cancel, g4_image *out, g4_err *err);
 void		g4_image_free(g4_image *img);
 
 /* Decode WAV, FLAC, MP3 or Ogg Vorbis to mono 16 kHz; longer than
@@ -89,7 +89,7 @@ void		g4_image_free(g4_image *img);
  * G4_AUDIO_BLOCK samples at a time: the file's own rate is never held
  * whole. */
 int			g4_audio_decode(const uint8_t *data, size_t len, double max_seconds,
-							const volatile int *cancel, g4_audio *out, g4_err *err);
+							const g4_cancel_flag *cancel, g4_audio *out, g4_err *err);
 void		g4_audio_free(g4_audio *a);
 
 /* ---- streaming resampler to G4_AUDIO_RATE (audio_resample.c) ---- */
@@ -107,7 +107,7 @@ void		g4_resampler_free(g4_resampler *r);
 /* ---- preprocessing (media_preprocess.c) ---- */
 
 /* G4_ERR_CANCELLED, with a message, once *cancel is set (NULL: never). */
-int			g4_media_poll_cancel(const volatile int *cancel, g4_err *err);
+int			g4_media_poll_cancel(const g4_cancel_flag *cancel, g4_err *err);
 
 /* get_aspect_ratio_preserving_size: the resized height and width (multiples
  * of 48) for a soft-token budget. */
@@ -117,11 +117,11 @@ int			g4_image_target_size(int height, int width, int max_soft_tokens, int *out_
 /* Antialiased bicubic resize of 8-bit RGB (torch's uint8 kernel: Keys
  * a = -0.5 weights scaled to int16 fixed point, horizontal pass then
  * vertical, each rounded to uint8). */
-int			g4_image_resize(const g4_image *in, int height, int width, const volatile int *cancel,
+int			g4_image_resize(const g4_image *in, int height, int width, const g4_cancel_flag *cancel,
 							g4_image *out, g4_err *err);
 
 /* Resize to the budget, rescale and cut into patches with positions. */
-int			g4_image_to_input(const g4_image *img, int max_soft_tokens, const volatile int *cancel,
+int			g4_image_to_input(const g4_image *img, int max_soft_tokens, const g4_cancel_flag *cancel,
 							  g4_media_input *out, g4_err *err);
 
 /* Frame audio into 640-sample tokens, zero-padding the last.  Takes the
@@ -132,7 +132,7 @@ int			g4_audio_to_input(g4_audio *a, g4_media_input *out, g4_err *err);
  * index among the items of its kind; error messages start with "image N: "
  * or "audio N: ". */
 int			g4_media_prepare(const g4_media *m, int number, const g4_media_limits *lim,
-							 const volatile int *cancel, g4_media_input *out, g4_err *err);
+							 const g4_cancel_flag *cancel, g4_media_input *out, g4_err *err);
 void		g4_media_input_free(g4_media_input *in);
 
 #endif

@@ -47,7 +47,7 @@ g4_media_limits_from_request(const g4_request *req, g4_media_limits *lim, g4_err
 }
 
 int
-g4_media_poll_cancel(const volatile int *cancel, g4_err *err)
+g4_media_poll_cancel(const g4_cancel_flag *cancel, g4_err *err)
 {
 	if (cancel && *cancel)
 		return g4_fail(err, G4_ERR_CANCELLED, "cancelled");
@@ -192,7 +192,7 @@ clamp_u8(int32_t v)
 /* One pass along x (horizontal) or y: src is sw x sh, dst dw x dh. */
 static int
 resize_pass(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh, int horizontal,
-			const volatile int *cancel, g4_err *err)
+			const g4_cancel_flag *cancel, g4_err *err)
 {
 	resize_taps t;
 	int			x,
@@ -232,7 +232,7 @@ resize_pass(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh, in
 }
 
 int
-g4_image_resize(const g4_image *in, int height, int width, const volatile int *cancel, g4_image *out,
+g4_image_resize(const g4_image *in, int height, int width, const g4_cancel_flag *cancel, g4_image *out,
 				g4_err *err)
 {
 	uint8_t    *mid = NULL;
@@ -288,7 +288,7 @@ g4_media_input_free(g4_media_input *in)
 }
 
 int
-g4_image_to_input(const g4_image *img, int max_soft_tokens, const volatile int *cancel, g4_media_input *out,
+g4_image_to_input(const g4_image *img, int max_soft_tokens, const g4_cancel_flag *cancel, g4_media_input *out,
 				  g4_err *err)
 {
 	g4_image	rs = {0, 0, NULL};
@@ -370,7 +370,7 @@ g4_audio_to_input(g4_audio *a, g4_media_input *out, g4_err *err)
 }
 
 int
-g4_media_prepare(const g4_media *m, int number, const g4_media_limits *lim, const volatile int *cancel,
+g4_media_prepare(const g4_media *m, int number, const g4_media_limits *lim, const g4_cancel_flag *cancel,
 				 g4_media_input *out, g4_err *err)
 {
 	double		t0 = g4_now();

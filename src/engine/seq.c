@@ -56,7 +56,7 @@ g4_seq_free(g4_seq *s)
 }
 
 static int
-tokenize_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const volatile int *cancel, g4_err *err)
+tokenize_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const g4_cancel_flag *cancel, g4_err *err)
 {
 	int			vocab = e->model->cfg.vocab_size;
 	int			i;
@@ -128,7 +128,7 @@ tokenize_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const vola
 /* Decode and preprocess the request's media, place them in the prompt,
  * tokenise it, and find the soft-token positions.  No backend work. */
 static int
-build_media_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const volatile int *cancel,
+build_media_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const g4_cancel_flag *cancel,
 				   g4_err *err)
 {
 	g4_media_limits lim;
@@ -191,7 +191,7 @@ build_media_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const v
 }
 
 static int
-build_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const volatile int *cancel, g4_err *err)
+build_prompt(const g4_engine *e, g4_seq *s, const g4_request *req, const g4_cancel_flag *cancel, g4_err *err)
 {
 	if (req->n_media != 0)
 		return build_media_prompt(e, s, req, cancel, err);
@@ -259,7 +259,7 @@ g4_seq_embed_media(g4_engine *e, g4_seq *s, g4_err *err)
  * g4_step (g4_prepare).
  */
 g4_seq *
-g4_seq_prepare(const g4_engine *e, const g4_request *req, const volatile int *cancel, g4_err *err)
+g4_seq_prepare(const g4_engine *e, const g4_request *req, const g4_cancel_flag *cancel, g4_err *err)
 {
 	g4_seq	   *s = g4_calloc(1, sizeof(g4_seq));
 	int			window = e->max_model_len;

@@ -815,7 +815,7 @@ typedef struct
 	const g4_tok_span *plain;
 	int			n_plain;
 	int			stretch_plain;	/* the stage 1 stretch touches a plain span */
-	const volatile int *cancel;	/* polled once per word */
+	const g4_cancel_flag *cancel;	/* polled once per word */
 } enc_ctx;
 
 static int
@@ -1427,7 +1427,7 @@ g4_tok_encode(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
 
 int
 g4_tok_encode_plain(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
-					const g4_tok_span *plain, int n_plain, const volatile int *cancel,
+					const g4_tok_span *plain, int n_plain, const g4_cancel_flag *cancel,
 					int32_t **ids, int *n, int *cap, g4_err *err)
 {
 	enc_ctx		c;

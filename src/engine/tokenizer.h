@@ -74,7 +74,7 @@ typedef struct
  * reference's encode_special_tokens = True; with n_plain = 0, g4_tok_encode.
  * When cancel is not NULL it is polled; non-zero stops with G4_ERR_CANCELLED. */
 int			g4_tok_encode_plain(const g4_tokenizer *t, const char *text, size_t len, int add_bos,
-								const g4_tok_span *plain, int n_plain, const volatile int *cancel,
+								const g4_tok_span *plain, int n_plain, const g4_cancel_flag *cancel,
 								int32_t **ids, int *n, int *cap, g4_err *err);
 
 /* Decode a whole sequence (malloc'd, NUL-terminated). */

@@ -87,7 +87,7 @@ typedef struct EngineApi
 							 int32_t **ids, int *n_ids, g4_err *err);
 	int			(*detokenize) (g4_engine *e, const int32_t *ids, int n_ids,
 							   char **text, size_t *len, g4_err *err);
-	int			(*prepare) (g4_engine *e, const g4_request *req, const volatile int *cancel,
+	int			(*prepare) (g4_engine *e, const g4_request *req, const g4_cancel_flag *cancel,
 							g4_prepared **out, g4_err *err);
 	int			(*submit_prepared) (g4_engine *e, g4_prepared *p, uint64_t *seq_id, g4_err *err);
 	void		(*prepared_free) (g4_prepared *p);
@@ -129,7 +129,7 @@ typedef struct PrepJob
 	uint32		prompt_len;
 	int32_t    *ids;
 	int			n_ids;
-	volatile int cancel;		/* set by the loop, polled by the tokenizer */
+	g4_cancel_flag cancel;		/* set by the loop, polled by the tokenizer */
 	/* result */
 	int			rc;
 	g4_err		err;

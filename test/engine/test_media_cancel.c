@@ -29,7 +29,7 @@
 
 typedef struct
 {
-	volatile int cancel;
+	g4_cancel_flag cancel;
 	atomic_int	started;
 } cancel_race;
 
@@ -179,7 +179,7 @@ G4_TEST(media_cancel_reaches_the_decoders_through_prepare)
 	g4_media	media[2];
 	g4_request	req;
 	g4_prepared *p = NULL;
-	volatile int cancel = 1;
+	g4_cancel_flag cancel = 1;
 
 	if (!model)
 		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");

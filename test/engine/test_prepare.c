@@ -18,7 +18,7 @@ typedef struct
 {
 	g4_engine  *e;
 	g4_request	req;
-	const volatile int *cancel;
+	const g4_cancel_flag *cancel;
 	g4_prepared *p;
 	g4_err		err;
 	int			rc;
@@ -103,7 +103,7 @@ G4_TEST(engine_prepare_cancelled)
 	g4_err		err;
 	g4_message	msg;
 	prep_job	job;
-	volatile int cancel = 1;
+	g4_cancel_flag cancel = 1;
 
 	NEED_MODEL();
 	h_options(&o, model);
