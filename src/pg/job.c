@@ -425,7 +425,8 @@ job_worker_runs(int64 job, int index)
 
 /*
  * The starter of one database: if the extension is installed there, delete
- * the jobs of dropped tables, fail those of owners who cannot run them and
+ * the jobs of dropped tables and what is left queued for cancelled ones,
+ * fail the jobs of owners who cannot run them and
  * start the missing workers of every running job (one registered but not yet
  * holding its lock is started twice, and the second exits).  It connects as
  * the bootstrap superuser (it reads every job); each worker connects as its
@@ -459,6 +460,12 @@ gemma4_job_starter_main(Datum arg)
 								 "(SELECT FROM pg_catalog.pg_class c WHERE c.oid = j.relid::pg_catalog.oid)",
 								 g4_job_table("gemma_job")), false, 0) != SPI_OK_DELETE)
 			elog(ERROR, "could not delete the gemma jobs of dropped tables");
+		/* keys a follow job's trigger queued in a transaction that was open
+		 * while the job was cancelled (the cancel could not see them) */
+		if (SPI_execute(psprintf("DELETE FROM %s q USING %s j WHERE q.job_id = j.id AND j.state = 'cancelled'",
+								 g4_job_table("gemma_job_queue"), g4_job_table("gemma_job")),
+						false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not empty the queues of cancelled gemma jobs");
 		/* a worker could not even connect as a dropped owner, or one that
 		 * cannot log in */
 		if (SPI_execute(psprintf("UPDATE %s SET state = 'failed', finished_at = now(), "

@@ -226,6 +226,11 @@ sub start_job
 		'cancel: the worker stops');
 	is($node->safe_psql('postgres', "SELECT state, rows_pending FROM gemma_jobs WHERE job = $job"),
 		'cancelled|0', 'cancel: nothing left queued');
+	# a key a follow job's trigger queued in a transaction open during the
+	# cancel, which the cancel could not see: the next check deletes it
+	$node->safe_psql('postgres', "INSERT INTO gemma_job_queue (job_id, key) VALUES ($job, '1')");
+	ok($node->poll_query_until('postgres', "SELECT count(*) = 0 FROM gemma_job_queue WHERE job_id = $job"),
+		'cancel: a key queued after the cancel is deleted by the next check');
 	my ($ret, $out, $err) = $node->psql('postgres', "SELECT gemma_job_resume($job)");
 	like($err, qr/is cancelled, not paused or failed/, 'cancel: a cancelled job cannot resume');
 
