@@ -661,10 +661,18 @@ SELECT j.id AS job,
 	   j.finished_at,
 	   CASE WHEN j.state = 'running' AND j.rows_done > 0
 			THEN now() + make_interval(secs => t.seconds * q.pending / j.rows_done) END AS eta,
-	   j.last_error
+	   j.last_error,
+	   j.workers,
+	   -- fewer than workers while one is missing, until the next check
+	   -- (gemma4.job_check_interval) starts it again
+	   w.running AS workers_running
   FROM gemma_job j
  CROSS JOIN LATERAL (SELECT count(*) AS pending, count(claimed_by) AS in_progress
 					   FROM gemma_job_queue WHERE job_id = j.id) q
+ CROSS JOIN LATERAL (SELECT count(*) AS running FROM pg_catalog.pg_stat_activity a
+					  WHERE a.datname = pg_catalog.current_database()
+						AND a.backend_type = 'gemma4 job worker'
+						AND a.application_name = 'gemma4 job ' || j.id) w
  CROSS JOIN LATERAL (SELECT extract(epoch FROM coalesce(j.finished_at, now()) - j.started_at)::float8
 							AS seconds) t;
 GRANT SELECT ON gemma_jobs TO PUBLIC;

@@ -61,7 +61,7 @@ SELECT gemma_job_create('job_docs', 'summary', $$'In one word: ' || body$$,
 SELECT g4_wait_job(:job);
 SELECT job = :job AS same, owner = current_user::regrole AS owner, relation, target, state, follow,
        rows_total, rows_done, rows_failed, rows_pending, rows_in_progress,
-       tokens_in > 0 AS tokens_in, tokens_out > 0 AS tokens_out, last_error
+       tokens_in > 0 AS tokens_in, tokens_out > 0 AS tokens_out, last_error, workers
 FROM gemma_jobs;
 SELECT id, summary IS NOT DISTINCT FROM
            CASE WHEN id = 4 THEN 'kept' ELSE gemma_generate('In one word: ' || body, max_tokens => 5) END AS ok

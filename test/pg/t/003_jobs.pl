@@ -159,6 +159,8 @@ sub start_job
 			"SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'gemma4 job worker' AND application_name = 'gemma4 job $job'"
 		),
 		'the job worker shows in pg_stat_activity');
+	is($node->safe_psql('postgres', "SELECT workers, workers_running FROM gemma_jobs WHERE job = $job"),
+		'1|1', 'the progress view counts it');
 	my ($state, $bad, $polls) = wait_job($job, 'plain', $ROWS);
 	is($state, 'done', 'the job is done');
 	is($bad, 0, "progress was consistent at each of $polls polls");
