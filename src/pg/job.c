@@ -426,11 +426,10 @@ job_worker_runs(int64 job, int index)
 /*
  * The starter of one database: if the extension is installed there, delete
  * the jobs of dropped tables and what is left queued for cancelled ones,
- * fail the jobs of owners who cannot run them and
- * start the missing workers of every running job (one registered but not yet
- * holding its lock is started twice, and the second exits).  It connects as
- * the bootstrap superuser (it reads every job); each worker connects as its
- * job's owner.
+ * fail the jobs of owners who cannot run them, and start the missing
+ * workers of every running job (one registered but not yet holding its lock
+ * is started twice, and the second exits).  It connects as the bootstrap
+ * superuser (it reads every job); each worker connects as its job's owner.
  */
 void
 gemma4_job_starter_main(Datum arg)
@@ -487,7 +486,6 @@ gemma4_job_starter_main(Datum arg)
 			HeapTuple	t = SPI_tuptable->vals[i];
 			TupleDesc	d = SPI_tuptable->tupdesc;
 			bool		isnull;
-
 			int64		job = DatumGetInt64(SPI_getbinval(t, d, 1, &isnull));
 			Oid			owner = DatumGetObjectId(SPI_getbinval(t, d, 2, &isnull));
 			int			workers = DatumGetInt32(SPI_getbinval(t, d, 3, &isnull)),
