@@ -623,7 +623,8 @@ BEGIN
 	UPDATE gemma_job SET state = 'cancelled', finished_at = now() WHERE id = job;
 	DELETE FROM gemma_job_queue WHERE job_id = job;
 	-- only the table's owner may drop triggers; left behind, they queue
-	-- nothing for a cancelled job
+	-- nothing for a cancelled job, and the next check of the jobs drops them
+	-- (gemma_job_drop_cancelled_triggers)
 	IF j.follow THEN
 		BEGIN
 			EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'gemma_job_' || job || '_insert', j.relid::regclass);
@@ -634,6 +635,37 @@ BEGIN
 	END IF;
 END
 $$;
+
+/*
+ * The triggers of cancelled follow jobs that the canceller could not drop
+ * (a role with TRIGGER on a table it does not own creates them, and only
+ * the owner may drop them): the job starter (src/pg/job.c), a superuser,
+ * calls this at each check.  A table busy for longer than lock_timeout
+ * keeps them until a later check; meanwhile they queue nothing.
+ */
+CREATE FUNCTION gemma_job_drop_cancelled_triggers()
+RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+	t record;
+	timeout text := current_setting('lock_timeout');
+BEGIN
+	PERFORM set_config('lock_timeout', '100ms', true);
+	FOR t IN SELECT g.tgname, g.tgrelid::pg_catalog.regclass AS rel
+			   FROM pg_catalog.pg_trigger g JOIN gemma_job j ON g.tgrelid = j.relid::pg_catalog.oid
+			  WHERE j.state = 'cancelled' AND j.follow
+				AND g.tgname IN ('gemma_job_' || j.id || '_insert', 'gemma_job_' || j.id || '_update')
+	LOOP
+		BEGIN
+			EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', t.tgname, t.rel);
+		EXCEPTION WHEN lock_not_available THEN
+			NULL;
+		END;
+	END LOOP;
+	PERFORM set_config('lock_timeout', timeout, true);
+END
+$$;
+REVOKE ALL ON FUNCTION gemma_job_drop_cancelled_triggers() FROM PUBLIC;
 
 /*
  * Progress, like pg_stat_progress_*: one snapshot, so at every read

@@ -425,7 +425,8 @@ job_worker_runs(int64 job, int index)
 
 /*
  * The starter of one database: if the extension is installed there, delete
- * the jobs of dropped tables and what is left queued for cancelled ones,
+ * the jobs of dropped tables and what is left queued or triggers left on
+ * tables for cancelled ones,
  * fail the jobs of owners who cannot run them, and start the missing
  * workers of every running job (one registered but not yet holding its lock
  * is started twice, and the second exits).  It connects as the bootstrap
@@ -465,6 +466,9 @@ gemma4_job_starter_main(Datum arg)
 								 g4_job_table("gemma_job_queue"), g4_job_table("gemma_job")),
 						false, 0) != SPI_OK_DELETE)
 			elog(ERROR, "could not empty the queues of cancelled gemma jobs");
+		if (SPI_execute(psprintf("SELECT %s()", g4_job_table("gemma_job_drop_cancelled_triggers")), false,
+						0) != SPI_OK_SELECT)
+			elog(ERROR, "could not drop the triggers of cancelled gemma jobs");
 		/* a worker could not even connect as a dropped owner, or one that
 		 * cannot log in */
 		if (SPI_execute(psprintf("UPDATE %s SET state = 'failed', finished_at = now(), "

@@ -23,7 +23,8 @@ typedef struct G4JobWorkerArgs
 	int			index;			/* 0 .. workers - 1 */
 } G4JobWorkerArgs;
 
-/* The extension's table name, schema-qualified and quoted for SQL. */
+/* The name of one of the extension's tables or functions, schema-qualified
+ * and quoted for SQL. */
 extern char *g4_job_table(const char *name);
 /* The session lock worker `index` of a job holds while it runs, in this
  * database (job_worker.c). */

@@ -5,7 +5,8 @@
 #     exactly once, the worker is recognisable in pg_stat_activity;
 #   - a row whose write fails goes to gemma_job_errors and the job goes on;
 #   - pause, resume, cancel; a terminated worker is started again by the
-#     next check of the running jobs;
+#     next check of the running jobs, which also drops the triggers a
+#     cancel could not;
 #   - faults mid-job (kill -9 of the job worker, of the engine process,
 #     pg_ctl restart -m immediate): the job completes, every row is written
 #     exactly once, none is left;
@@ -613,6 +614,20 @@ CREATE TABLE alice_s.t (id alice_s.k NOT NULL UNIQUE, body text, answer text);
 	$node->safe_psql('postgres', "SELECT gemma_job_resume($bjob)");
 	ok($node->poll_query_until('postgres', "SELECT state = 'done' FROM gemma_jobs WHERE job = $bjob"),
 		'privileges: once it can, the job resumes and completes');
+
+	# a follow job over a table its creator may add triggers to but does not
+	# own: the cancel cannot drop the triggers (only the owner may), the
+	# next check does
+	$node->safe_psql('postgres',
+		'CREATE TABLE bob_follow (id int PRIMARY KEY, body text, summary text);'
+		  . 'GRANT SELECT, UPDATE, TRIGGER ON bob_follow TO bob');
+	my $fjob2 = $node->safe_psql('postgres',
+		"SET ROLE bob; SELECT gemma_job_create('bob_follow', 'summary', 'body', follow => true, options => $GEN)");
+	my $triggers = "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'bob_follow'::regclass AND tgname LIKE 'gemma_job_%'";
+	is( $node->safe_psql(
+			'postgres', "BEGIN; SET ROLE bob; SELECT gemma_job_cancel($fjob2); RESET ROLE; $triggers; COMMIT"),
+		"\n2", 'privileges: a cancel by a role that does not own the table leaves its triggers');
+	ok($node->poll_query_until('postgres', "SELECT ($triggers) = 0"), 'privileges: the next check drops them');
 }
 
 done_testing();
