@@ -112,6 +112,14 @@ sub job_worker_pid
 	);
 }
 
+# Wait until no worker of the job is left.
+sub no_worker_left
+{
+	my ($job) = @_;
+	return $node->poll_query_until('postgres',
+		"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'");
+}
+
 # After a crash of a server process: until the postmaster has reset the
 # cluster and accepts sessions again, a query may be cut or refused.  The
 # postmaster learns of the crash asynchronously, so a session may still
@@ -199,8 +207,7 @@ sub start_job
 	my $job = start_job();
 	$node->poll_query_until('postgres', "SELECT rows_done > 20 FROM gemma_jobs WHERE job = $job");
 	$node->safe_psql('postgres', "SELECT gemma_job_pause($job)");
-	ok($node->poll_query_until('postgres',
-			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+	ok(no_worker_left($job),
 		'pause: the worker stops');
 	my $done = $node->safe_psql('postgres', "SELECT rows_done FROM gemma_jobs WHERE job = $job");
 	note("pause: paused after $done of $ROWS rows");
@@ -224,8 +231,7 @@ sub start_job
 	$job = start_job();
 	$node->poll_query_until('postgres', "SELECT rows_done > 20 FROM gemma_jobs WHERE job = $job");
 	$node->safe_psql('postgres', "SELECT gemma_job_cancel($job)");
-	ok($node->poll_query_until('postgres',
-			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+	ok(no_worker_left($job),
 		'cancel: the worker stops');
 	is($node->safe_psql('postgres', "SELECT state, rows_pending FROM gemma_jobs WHERE job = $job"),
 		'cancelled|0', 'cancel: nothing left queued');
@@ -275,8 +281,7 @@ CREATE TRIGGER gate_write BEFORE UPDATE OF summary ON docs FOR EACH ROW EXECUTE 
 	(undef, $err) = G4Test::finish_query($canceller);
 	$canceller->quit;
 	is($err, '', 'cancel while answers are written: the cancel succeeds');
-	ok($node->poll_query_until('postgres',
-			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+	ok(no_worker_left($job),
 		'cancel while answers are written: the worker stops');
 	ok(!$node->log_contains(qr/deadlock detected/, $log_offset), 'cancel while answers are written: no deadlock');
 	my $written = $node->safe_psql('postgres', "SELECT count(*) FROM writes WHERE tbl = 'docs'");
@@ -465,8 +470,7 @@ CREATE TABLE photo_answers AS
 		"SELECT gemma_job_create('gone', 'summary', \$\$body || pg_sleep(0.01)::text\$\$, options => $GEN)");
 	$node->poll_query_until('postgres', "SELECT rows_done > 5 FROM gemma_jobs WHERE job = $job");
 	$node->safe_psql('postgres', 'DROP TABLE gone');
-	ok($node->poll_query_until('postgres',
-			"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = 'gemma4 job $job'"),
+	ok(no_worker_left($job),
 		'dropped table: the worker leaves');
 	ok($node->poll_query_until('postgres', "SELECT count(*) = 0 FROM gemma_job WHERE id = $job"),
 		'dropped table: the next check deletes its job');
