@@ -624,7 +624,7 @@ BEGIN
 	DELETE FROM gemma_job_queue WHERE job_id = job;
 	-- only the table's owner may drop triggers; left behind, they queue
 	-- nothing for a cancelled job, and the next check of the jobs drops them
-	-- (gemma_job_drop_cancelled_triggers)
+	-- (gemma_job_tidy)
 	IF j.follow THEN
 		BEGIN
 			EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'gemma_job_' || job || '_insert', j.relid::regclass);
@@ -637,19 +637,39 @@ END
 $$;
 
 /*
- * The triggers of cancelled follow jobs that the canceller could not drop
- * (a role with TRIGGER on a table it does not own creates them, and only
- * the owner may drop them): the job starter (src/pg/job.c), a superuser,
- * calls this at each check.  A table busy for longer than lock_timeout
- * keeps them until a later check; meanwhile they queue nothing.
+ * What the job starter (src/pg/job.c), a superuser, tidies in its database
+ * at each check of the jobs, before it starts their missing workers:
+ *  - a job goes with its table: left behind, it would keep the dropped
+ *    table's OID, which pg_dump writes as a number and a restore could bind
+ *    to another table (an event trigger on the drop would wait for the
+ *    job's row, which a worker writing answers holds while it waits for the
+ *    dropped table);
+ *  - keys a follow job's trigger queued in a transaction that was open while
+ *    the job was cancelled (the cancel could not see them);
+ *  - a running job whose owner was dropped or cannot log in fails: its
+ *    workers could not even connect;
+ *  - the triggers of cancelled follow jobs that the canceller could not drop
+ *    (a role with TRIGGER on a table it does not own creates them, and only
+ *    the owner may drop them); a table busy for longer than lock_timeout
+ *    keeps them until a later check, and meanwhile they queue nothing.
  */
-CREATE FUNCTION gemma_job_drop_cancelled_triggers()
+CREATE FUNCTION gemma_job_tidy()
 RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
 	t record;
 	timeout text := current_setting('lock_timeout');
 BEGIN
+	DELETE FROM gemma_job j
+	 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = j.relid::pg_catalog.oid);
+	DELETE FROM gemma_job_queue q USING gemma_job j WHERE q.job_id = j.id AND j.state = 'cancelled';
+	UPDATE gemma_job SET state = 'failed', finished_at = now(),
+		   last_error = 'the role that created the job no longer exists'
+	 WHERE state = 'running' AND NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid = owner);
+	UPDATE gemma_job SET state = 'failed', finished_at = now(),
+		   last_error = 'the role that created the job, ' || owner || ', cannot log in'
+	 WHERE state = 'running'
+	   AND EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid = owner AND NOT r.rolcanlogin);
 	PERFORM set_config('lock_timeout', '100ms', true);
 	FOR t IN SELECT g.tgname, g.tgrelid::pg_catalog.regclass AS rel
 			   FROM pg_catalog.pg_trigger g JOIN gemma_job j ON g.tgrelid = j.relid::pg_catalog.oid
@@ -665,7 +685,7 @@ BEGIN
 	PERFORM set_config('lock_timeout', timeout, true);
 END
 $$;
-REVOKE ALL ON FUNCTION gemma_job_drop_cancelled_triggers() FROM PUBLIC;
+REVOKE ALL ON FUNCTION gemma_job_tidy() FROM PUBLIC;
 
 /*
  * Progress, like pg_stat_progress_*: one snapshot, so at every read
@@ -697,14 +717,14 @@ SELECT j.id AS job,
 	   j.workers,
 	   -- fewer than workers while one is missing, until the next check
 	   -- (gemma4.job_check_interval) starts it again
-	   w.running AS workers_running
+	   coalesce(w.running, 0) AS workers_running
   FROM gemma_job j
  CROSS JOIN LATERAL (SELECT count(*) AS pending, count(claimed_by) AS in_progress
 					   FROM gemma_job_queue WHERE job_id = j.id) q
- CROSS JOIN LATERAL (SELECT count(*) AS running FROM pg_catalog.pg_stat_activity a
-					  WHERE a.datname = pg_catalog.current_database()
-						AND a.backend_type = 'gemma4 job worker'
-						AND a.application_name = 'gemma4 job ' || j.id) w
+ -- pg_stat_activity read once, not once a job
+  LEFT JOIN (SELECT a.application_name, count(*) AS running FROM pg_catalog.pg_stat_activity a
+			  WHERE a.datname = pg_catalog.current_database() AND a.backend_type = 'gemma4 job worker'
+			  GROUP BY a.application_name) w ON w.application_name = 'gemma4 job ' || j.id
  CROSS JOIN LATERAL (SELECT extract(epoch FROM coalesce(j.finished_at, now()) - j.started_at)::float8
 							AS seconds) t;
 GRANT SELECT ON gemma_jobs TO PUBLIC;

@@ -424,10 +424,8 @@ job_worker_runs(int64 job, int index)
 }
 
 /*
- * The starter of one database: if the extension is installed there, delete
- * the jobs of dropped tables and what is left queued or triggers left on
- * tables for cancelled ones,
- * fail the jobs of owners who cannot run them, and start the missing
+ * The starter of one database: if the extension is installed there, tidy
+ * the jobs (gemma_job_tidy in the extension's script) and start the missing
  * workers of every running job (one registered but not yet holding its lock
  * is started twice, and the second exits).  It connects as the bootstrap
  * superuser (it reads every job); each worker connects as its job's owner.
@@ -449,39 +447,8 @@ gemma4_job_starter_main(Datum arg)
 
 		SPI_connect();
 		PushActiveSnapshot(GetTransactionSnapshot());
-		/*
-		 * A job goes with its table.  Left behind, it would keep the dropped
-		 * table's OID, which pg_dump writes as a number and a restore could
-		 * bind to another table.  (Done here rather than by an event trigger
-		 * on the drop: that would wait for the job's row, which a worker
-		 * writing answers holds while it waits for the dropped table.)
-		 */
-		if (SPI_execute(psprintf("DELETE FROM %s j WHERE NOT EXISTS "
-								 "(SELECT FROM pg_catalog.pg_class c WHERE c.oid = j.relid::pg_catalog.oid)",
-								 g4_job_table("gemma_job")), false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "could not delete the gemma jobs of dropped tables");
-		/* keys a follow job's trigger queued in a transaction that was open
-		 * while the job was cancelled (the cancel could not see them) */
-		if (SPI_execute(psprintf("DELETE FROM %s q USING %s j WHERE q.job_id = j.id AND j.state = 'cancelled'",
-								 g4_job_table("gemma_job_queue"), g4_job_table("gemma_job")),
-						false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "could not empty the queues of cancelled gemma jobs");
-		if (SPI_execute(psprintf("SELECT %s()", g4_job_table("gemma_job_drop_cancelled_triggers")), false,
-						0) != SPI_OK_SELECT)
-			elog(ERROR, "could not drop the triggers of cancelled gemma jobs");
-		/* a worker could not even connect as a dropped owner, or one that
-		 * cannot log in */
-		if (SPI_execute(psprintf("UPDATE %s SET state = 'failed', finished_at = now(), "
-								 "last_error = 'the role that created the job no longer exists' "
-								 "WHERE state = 'running' AND NOT EXISTS "
-								 "(SELECT FROM pg_catalog.pg_roles r WHERE r.oid = owner)",
-								 g4_job_table("gemma_job")), false, 0) != SPI_OK_UPDATE ||
-			SPI_execute(psprintf("UPDATE %s SET state = 'failed', finished_at = now(), "
-								 "last_error = 'the role that created the job, ' || owner || ', cannot log in' "
-								 "WHERE state = 'running' AND EXISTS "
-								 "(SELECT FROM pg_catalog.pg_roles r WHERE r.oid = owner AND NOT r.rolcanlogin)",
-								 g4_job_table("gemma_job")), false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "could not fail the gemma jobs of dropped roles");
+		if (SPI_execute(psprintf("SELECT %s()", g4_job_table("gemma_job_tidy")), false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not tidy the gemma jobs");
 		if (SPI_execute(psprintf("SELECT id, owner, workers FROM %s WHERE state = 'running' ORDER BY id",
 								 g4_job_table("gemma_job")), false, 0) != SPI_OK_SELECT)
 			elog(ERROR, "could not list the gemma jobs");

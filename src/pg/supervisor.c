@@ -239,10 +239,14 @@ gemma4_supervisor_main(Datum arg)
 			restart_at = 0;
 			start_engine();
 		}
-		if (TimestampDifferenceExceeds(jobs_checked_at, GetCurrentTimestamp(), g4_job_check_interval * 1000))
 		{
-			g4_jobs_start_launcher();
-			jobs_checked_at = GetCurrentTimestamp();
+			TimestampTz now = GetCurrentTimestamp();
+
+			if (TimestampDifferenceExceeds(jobs_checked_at, now, g4_job_check_interval * 1000))
+			{
+				g4_jobs_start_launcher();
+				jobs_checked_at = now;
+			}
 		}
 		update_socket_events();
 	}
