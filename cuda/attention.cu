@@ -976,6 +976,20 @@ choose_kernel(g4_cuda *c, const g4_kv_layer *L, int dtype, int gq, int n, attn_c
 	return G4_OK;
 }
 
+/* Dry steps (backend.h): the partial results a kernel that splits by
+ * choose_splits alone may write for any step: `groups` blocks split only
+ * when fewer than per_sm · SMs, into ceil(per_sm · SMs / groups), so that
+ * groups · S < 2 · per_sm · SMs.  (The decode kernels split by the step's
+ * sequences, and the dry steps run every number of them; the float32
+ * kernel by each token's span, whose splits grow with the step.) */
+static size_t
+split_partial_bound(const g4_cuda *c, const attn_choice *ch, int hd)
+{
+	if (ch->token_splits || ch->split_rows > 0)
+		return 0;
+	return 2 * (size_t) ch->per_sm * (size_t) c->sm_count * (size_t) ch->rows * (size_t) (hd + 2) * sizeof(float);
+}
+
 /* The chosen kernel over the step (and its split merge); with a->gemm_runs
  * it skips the prefill runs' tiles, and writes no bf16 copy of out, which
  * attention_gemm.cu's rows would leave stale. */
@@ -1003,6 +1017,8 @@ attention_launch(g4_cuda *c, const g4_kv_layer *L, int n, const attn_choice *ch,
 											   ch->min_keys));
 		}
 	}
+	if (c->dry && split_partial_bound(c, ch, hd) > 0 && !g4c_scratch(c, split_partial_bound(c, ch, hd)))
+		return c->err_code;
 	if (a->S > 1)
 	{
 		a->partial = (float *) g4c_scratch(c, (size_t) groups * a->S * ch->rows * (hd + 2) * sizeof(float));
@@ -1075,6 +1091,8 @@ g4c_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int q_stride
 	a.tiles = ch.level >= 0 ? c->d_tiles[ch.level] : NULL;
 	a.tile_base = c->d_tile_base;
 	a.gemm_runs = ch.tc && L->group == G4_KVG_FULL && g4c_attention_gemm_serves(c, &a);
+	if (c->dry && ch.tc && L->group == G4_KVG_FULL && g4c_attention_gemm_dry(c, &a) != G4_OK)
+		return c->err_code;
 	if (a.gemm_runs)
 	{
 		/* the runs' tokens on cuBLASLt; the tc kernel for the others, if any */

@@ -83,6 +83,8 @@ typedef void (*attn_kernel_fn) (attn_args);
  * those runs' attention into a->out */
 int			g4c_attention_gemm_serves(const g4_cuda *c, const attn_args *a);
 int			g4c_attention_gemm(g4_cuda *c, const attn_args *a);
+/* its buffers grown, in a dry step, for the most runs within the bound */
+int			g4c_attention_gemm_dry(g4_cuda *c, const attn_args *a);
 
 /* attention_prefill.cu: its kernel for this geometry, or NULL (wgmma: the
  * device runs the sm_90a kernels) */

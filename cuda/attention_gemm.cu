@@ -294,13 +294,21 @@ attn_gemm_out_kernel(attn_args a, int t0, int rows, const float *O, const float 
 /* Bytes of the K and V rows of the step's runs (c->keqv_rows): K then V,
  * [n_kv][16 · grid][hd] f16 each; 2 KB per key at the 12B's hd 512. */
 static size_t
-rows_bytes(const g4_cuda *c, const attn_args *a)
+grid_rows_bytes(const attn_args *a, size_t grid)
 {
-	return 2 * (size_t) a->n_kv * 16 * (size_t) c->keqv_tile_grid * (size_t) a->hd * 2;
+	return 2 * (size_t) a->n_kv * 16 * grid * (size_t) a->hd * 2;
 }
 
-int
-g4c_attention_gemm_serves(const g4_cuda *c, const attn_args *a)
+static size_t
+rows_bytes(const g4_cuda *c, const attn_args *a)
+{
+	return grid_rows_bytes(a, (size_t) c->keqv_tile_grid);
+}
+
+/* Whether the products could serve the step's runs, their rows' bound
+ * aside. */
+static int
+gemm_applies(const g4_cuda *c, const attn_args *a)
 {
 	static const char *env;
 	static int	env_read;
@@ -311,8 +319,13 @@ g4c_attention_gemm_serves(const g4_cuda *c, const attn_args *a)
 		env = getenv("G4_ATTN_GEMM");
 		env_read = 1;
 	}
-	return a->k_eq_v && c->n_tile_runs > 0 && rows_kernel(a->hd, a->dtype) && rows_bytes(c, a) <= ATTN_GEMM_ROWS_MAX_BYTES &&
-		!(env && strcmp(env, "off") == 0);
+	return a->k_eq_v && c->n_tile_runs > 0 && rows_kernel(a->hd, a->dtype) && !(env && strcmp(env, "off") == 0);
+}
+
+int
+g4c_attention_gemm_serves(const g4_cuda *c, const attn_args *a)
+{
+	return gemm_applies(c, a) && rows_bytes(c, a) <= ATTN_GEMM_ROWS_MAX_BYTES;
 }
 
 /* Keys rounded up to whole 16-key blocks. */
@@ -454,6 +467,44 @@ attention_slice(g4_cuda *c, const attn_args *a, int t0, int n, int keys, int blo
 					  sl.st.sum);
 }
 
+/* The scores' budget of a slice: G4_ATTN_GEMM_SCORES (bytes; tests and
+ * benchmarks, read at every call), else ATTN_GEMM_SCORES_BYTES. */
+static size_t
+scores_budget(void)
+{
+	const char *env = getenv("G4_ATTN_GEMM_SCORES");
+
+	return env ? (size_t) strtoull(env, NULL, 10) : ATTN_GEMM_SCORES_BYTES;
+}
+
+/*
+ * Dry steps (backend.h): the rows' buffer for the largest grid a step of
+ * this one's tokens may use: the dry step's own or, where its rows pass the
+ * bound (the products then leave the step to the tc kernel), the largest
+ * grid within the bound, which a step of fewer or shorter runs reaches.
+ * And the scratch of any slice of at most these tokens: its scores take at
+ * most the budget (or one 16-key block), its queries and output grow with
+ * its rows.
+ */
+int
+g4c_attention_gemm_dry(g4_cuda *c, const attn_args *a)
+{
+	size_t		grid = (size_t) c->keqv_tile_grid;
+	size_t		rows = (size_t) c->n_tokens * (size_t) a->gq;
+	size_t		keys = G4_DIV_UP(scores_budget(), (size_t) a->n_kv * rows * 4);
+	slice_scratch unused;
+
+	if (!gemm_applies(c, a))
+		return G4_OK;
+	while (grid > 1 && grid_rows_bytes(a, grid) > ATTN_GEMM_ROWS_MAX_BYTES)
+		grid /= 2;
+	keys = G4_MAX(G4_DIV_UP(keys, G4_KV_BLOCK_TOKENS) * G4_KV_BLOCK_TOKENS, (size_t) G4_KV_BLOCK_TOKENS);
+	if (!g4c_grow(c, &c->keqv_rows, &c->keqv_rows_bytes, grid_rows_bytes(a, grid), "k_eq_v key and value rows") ||
+		!g4c_scratch(c, slice_layout(NULL, a->n_kv, (int) rows, (int) keys, a->hd, &unused)))
+		return c->err_code;
+	return G4_OK;
+}
+
 /* The attention of every token of the step's k_eq_v prefill runs into
  * a->out (the caller checked g4c_attention_gemm_serves). */
 int
@@ -461,11 +512,10 @@ g4c_attention_gemm(g4_cuda *c, const attn_args *a)
 {
 	const int32_t *runs = c->h_meta + (c->d_tile_runs - c->d_meta);
 	const int32_t *hi = c->h_meta + (c->d_hi[G4_KVG_FULL] - c->d_meta);
-	/* G4_ATTN_GEMM_SCORES (bytes) and G4_ATTN_GEMM_KEYS (keys per block, a
-	 * multiple of 16): tests and benchmarks, read at every call */
-	const char *scores_env = getenv("G4_ATTN_GEMM_SCORES");
+	/* G4_ATTN_GEMM_KEYS (keys per block, a multiple of 16): tests and
+	 * benchmarks, read at every call */
 	const char *keys_env = getenv("G4_ATTN_GEMM_KEYS");
-	size_t		budget = scores_env ? (size_t) strtoull(scores_env, NULL, 10) : ATTN_GEMM_SCORES_BYTES;
+	size_t		budget = scores_budget();
 	int			keys_cap = keys_env ? atoi(keys_env) / G4_KV_BLOCK_TOKENS * G4_KV_BLOCK_TOKENS : KEY_BLOCK_MAX;
 	int			heads = a->n_kv * a->gq;
 	int			rows_total = 16 * c->keqv_tile_grid;

@@ -791,6 +791,8 @@ cu_graph_begin(g4_backend *be, uint64_t tag)
 	if (c->capturing || c->err_code != G4_OK)
 		return c->err_code != G4_OK ? c->err_code : G4_ERR_INTERNAL;
 	c->cur_graph = -1;
+	if (c->dry)
+		return 0;				/* not a sighting: the step runs, dry */
 	for (i = 0; i < G4C_MAX_GRAPHS; i++)
 	{
 		g4c_graph  *gr = &c->graphs[i];
@@ -905,6 +907,19 @@ cu_sync(g4_backend *be, g4_err *err)
 	return G4_OK;
 }
 
+static int
+cu_dry_run(g4_backend *be, int on, g4_err *err)
+{
+	g4_cuda    *c = g4c_of(be);
+
+	if (on && c->capturing)
+		return g4_fail(err, G4_ERR_INTERNAL, "dry steps inside a recorded step graph");
+	c->dry = on;
+	/* a copy offered by a launch that did not run is no copy */
+	c->act_bf16_of = NULL;
+	return on ? G4_OK : cu_sync(be, err);
+}
+
 /* ---- the table -------------------------------------------------------------------- */
 
 static const g4_backend_ops cuda_ops = {
@@ -912,6 +927,7 @@ static const g4_backend_ops cuda_ops = {
 	.destroy = cu_destroy,
 	.device_info = cu_device_info,
 	.held_bytes = cu_held_bytes,
+	.dry_run = cu_dry_run,
 	.alloc = cu_alloc,
 	.free = cu_free,
 	.upload = cu_upload,

@@ -98,6 +98,9 @@ typedef struct
 	g4_kv_pool_desc kv;
 	int			kv_configured;
 
+	/* dry steps (backend.h: dry_run): no launch, no product, no graph */
+	int			dry;
+
 	/* the current step: host copies and fixed device buffers */
 	int			n_tokens;
 	int			n_logits;
@@ -613,6 +616,8 @@ g4c_launch(g4_cuda *c, const char *what, void (*kernel) (KArgs...), dim3 grid, d
 	cfg.attrs = &attr;
 	cfg.numAttrs = c->pdl ? 1 : 0;
 	c->writes++;
+	if (c->dry)
+		return G4_OK;
 	e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
 	if (e != cudaSuccess)
 		return g4c_fail(c, e, what, __FILE__, __LINE__);

@@ -240,6 +240,8 @@ g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, v
 				beta = p->accumulate ? 1.0f : 0.0f;
 	int			rc = G4_OK;
 
+	if (c->dry)
+		return G4_OK;
 	LT_CHECK(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
 	LT_CHECK(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "descriptor");
 	LT_CHECK(c, cublasLtMatrixLayoutCreate(&la, ab, p->transa ? p->k : p->m, p->transa ? p->m : p->k, p->lda),

@@ -224,6 +224,7 @@ main(int argc, char **argv)
 	int			n_media = 0;
 	double		t0,
 				t1;
+	size_t		workspace_at_open;
 	int			i;
 
 	g4_options_default(&o);
@@ -361,6 +362,7 @@ main(int argc, char **argv)
 
 		g4_model_info_get(e, &mi);
 		g4_stats_get(e, &st);
+		workspace_at_open = st.workspace_bytes;
 		fprintf(stderr, "model %s (%s), %d layers, %.2f B parameters, %s backend on %s, KV %s, loaded in %.2fs\n",
 				mi.architecture, mi.family, mi.n_layers, (double) mi.n_params / 1e9, st.backend, st.device,
 				st.kv_dtype, now() - t0);
@@ -491,9 +493,11 @@ main(int argc, char **argv)
 				   st.spec_draft_tokens ? 1e6 * st.spec_draft_seconds / (double) st.spec_draft_tokens : 0.0,
 				   t1 > t0 ? 100.0 * st.spec_draft_seconds / (t1 - t0) : 0.0);
 		}
-		printf("memory:  weights %.1f MiB, KV pool %.1f MiB (%s), workspace %.1f MiB\n",
+		/* the backend's buffers are sized at open (dry steps): a workspace
+		 * larger now grew while serving */
+		printf("memory:  weights %.1f MiB, KV pool %.1f MiB (%s), workspace %.1f MiB (%.1f MiB at open)\n",
 			   (double) st.weight_bytes / 1048576.0, (double) st.kv_bytes_total / 1048576.0, st.kv_dtype,
-			   (double) st.workspace_bytes / 1048576.0);
+			   (double) st.workspace_bytes / 1048576.0, (double) workspace_at_open / 1048576.0);
 	}
 	for (i = 0; i < r.batch; i++)
 		free(r.text[i]);

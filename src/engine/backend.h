@@ -161,6 +161,14 @@ typedef struct
 	 * workspaces, dequantised weight copies, staging), beside what alloc
 	 * handed out; optional (NULL: none). */
 	size_t		(*held_bytes) (g4_backend *be);
+	/* Dry steps (on = 1 until on = 0): the backend does the host side of
+	 * every operation (its choices of kernels, and growing the buffers it
+	 * keeps to what they need) and launches nothing.  The engine passes its
+	 * largest steps through it before sizing the KV pool (dry_steps.c), so
+	 * that what they grow is counted before the pool takes the memory
+	 * left.  Optional (NULL: nothing grows with a step's shape); off
+	 * returns the first failure, as sync does. */
+	int			(*dry_run) (g4_backend *be, int on, g4_err *err);
 
 	/* ---- memory ---- */
 	void	   *(*alloc) (g4_backend *be, size_t bytes);	/* NULL when exhausted */

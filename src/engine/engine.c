@@ -7,14 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dry_steps.h"
 #include "engine_internal.h"
 #include "gguf.h"
 #include "util.h"
 
 #define G4_VERSION "0.1.0"
 
-/* Device memory kept free beside weights, workspace and pool (library
- * handles, kernels' scratch). */
+/* Device memory kept free beside weights, workspace, pool and the
+ * backend's buffers the dry steps grew (dry_steps.h): library handles, and
+ * growth past the dry steps' shapes. */
 #define DEVICE_RESERVE ((size_t) 512 << 20)
 
 const char *
@@ -224,6 +226,8 @@ g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
 	rc = g4_spec_open(e, err);	/* may raise max_logits, extends the kept window */
 	if (rc == G4_OK)
 		rc = g4_workspace_init(e->model, e->max_batched, e->max_logits, &e->ws, err);
+	if (rc == G4_OK)
+		rc = g4_dry_steps(e, err);	/* the backend's buffers, before the pool */
 	if (rc == G4_OK)
 		rc = g4_kvpool_init(&e->kv, e->model, opts->kv_dtype, kv_budget(e), e->max_seqs, e->max_model_len,
 							e->max_batched, opts->enable_prefix_caching != 0, err);

@@ -95,6 +95,22 @@ cache_free(g4_kv_cache_group *c)
 	free(c->bucket);
 }
 
+void
+g4_kvpool_layout(g4_kv_pool_desc *d, const g4_model *m, int dtype, int max_seqs, int max_model_len)
+{
+	int			g;
+
+	memset(d, 0, sizeof(*d));
+	d->dtype = dtype;
+	d->max_seqs = max_seqs;
+	d->max_blocks_per_seq = G4_DIV_UP(max_model_len, G4_KV_BLOCK_TOKENS);
+	for (g = 0; g < G4_KVG_COUNT; g++)
+	{
+		d->n_layers[g] = group_layers(m, g);
+		d->layer_block_bytes[g] = layer_block_bytes(m, dtype, g);
+	}
+}
+
 int
 g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs, int max_model_len,
 			   int max_batched_tokens, int caching, g4_err *err)
@@ -112,12 +128,11 @@ g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs
 	p->max_seqs = max_seqs;
 	p->max_model_len = max_model_len;
 	p->caching = caching;
-	p->max_blocks_per_seq = G4_DIV_UP(max_model_len, G4_KV_BLOCK_TOKENS);
+	g4_kvpool_layout(&p->desc, m, dtype, max_seqs, max_model_len);
+	p->max_blocks_per_seq = p->desc.max_blocks_per_seq;
 	for (g = 0; g < G4_KVG_COUNT; g++)
 	{
-		layers[g] = group_layers(m, g);
-		p->desc.n_layers[g] = layers[g];
-		p->desc.layer_block_bytes[g] = layer_block_bytes(m, dtype, g);
+		layers[g] = p->desc.n_layers[g];
 		p->block_bytes[g] = (size_t) layers[g] * p->desc.layer_block_bytes[g];
 	}
 
@@ -201,9 +216,6 @@ g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs
 		g4_kvpool_free(p);
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 	}
-	p->desc.dtype = dtype;
-	p->desc.max_seqs = max_seqs;
-	p->desc.max_blocks_per_seq = p->max_blocks_per_seq;
 	if (be->ops->kv_configure(be, &p->desc) != G4_OK)
 	{
 		g4_kvpool_free(p);

@@ -79,6 +79,10 @@ typedef struct
 /* Bytes per token per layer group (all layers of the group). */
 size_t		g4_kv_group_token_bytes(const g4_model *m, int dtype, int group);
 
+/* The pool's layout for a backend, without its blocks (no memory): what a
+ * backend needs to choose its kernels (dry_steps.c). */
+void		g4_kvpool_layout(g4_kv_pool_desc *d, const g4_model *m, int dtype, int max_seqs, int max_model_len);
+
 /* Create a pool of `budget` bytes of device memory (with the prefix cache's
  * bookkeeping when `caching`). */
 int			g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs,
