@@ -149,9 +149,10 @@ typedef struct
 				act_bf16_K;
 	uint64_t	act_bf16_write; /* the producer's launch, as c->writes */
 
-	/* cuBLASLt (matmul_lt.cu): handle and workspace */
+	/* cuBLASLt (matmul_lt.cu): handle, workspace, the products' plans */
 	void	   *lt;
 	void	   *lt_ws;
+	struct g4c_lt_plans *lt_plans;
 	/* int4 weights dequantised to bf16 for it: two slots, the least
 	 * recently used one refilled, emptied by every step_begin */
 	struct

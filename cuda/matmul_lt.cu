@@ -15,7 +15,8 @@
  * layers call them).
  *
  * The cuBLASLt handle and its workspace are made with the backend, so calls
- * recorded into a step graph allocate nothing; g4c_lt_gemm serves the
+ * recorded into a step graph allocate no device memory (a product shape's
+ * plan, made at its first call, is host memory); g4c_lt_gemm serves the
  * attention's products too (attention_gemm.cu).
  */
 #include <stdlib.h>
@@ -26,8 +27,8 @@
 #include "matmul.cuh"
 
 #define LT_WORKSPACE_BYTES ((size_t) 32 << 20)
-/* G4_LT_ALGO=i (benchmarks) takes the heuristic's i-th algorithm of
- * LT_ALGOS instead of its first, for every product */
+/* the heuristic's algorithms kept per shape: G4_LT_ALGO=i (benchmarks)
+ * takes the i-th instead of the first, for every product */
 #define LT_ALGOS 8
 
 /*
@@ -117,6 +118,48 @@ dequant_i4_kernel(const uint4 *packed, const uint32_t *scales, int rows, int KT,
 	}
 }
 
+/*
+ * Plans: each product shape's descriptors and the heuristic's algorithm,
+ * made once.  A prefill step multiplies the same few shapes in every
+ * layer; making them anew at every call (a descriptor, three layouts, a
+ * preference and a heuristic query) is host work that short products, the
+ * attention's over a chunk's first key blocks, may leave the GPU waiting
+ * for.  LT_PLANS shapes, the least recently used one replaced.
+ */
+#define LT_PLANS 64
+
+typedef struct
+{
+	g4c_lt_product key;			/* compared whole: no padding */
+	cublasLtMatmulDesc_t op;
+	cublasLtMatrixLayout_t la,
+				lb,
+				ld;
+	cublasLtMatmulHeuristicResult_t heur[LT_ALGOS];
+	int			found;
+	uint64_t	used;			/* 0: empty */
+} lt_plan;
+
+struct g4c_lt_plans
+{
+	lt_plan		p[LT_PLANS];
+	uint64_t	clock;
+};
+
+static void
+plan_clear(lt_plan *pl)
+{
+	if (pl->ld)
+		cublasLtMatrixLayoutDestroy(pl->ld);
+	if (pl->lb)
+		cublasLtMatrixLayoutDestroy(pl->lb);
+	if (pl->la)
+		cublasLtMatrixLayoutDestroy(pl->la);
+	if (pl->op)
+		cublasLtMatmulDescDestroy(pl->op);
+	memset(pl, 0, sizeof(*pl));
+}
+
 static int
 lt_fail(g4_cuda *c, cublasStatus_t st, const char *what)
 {
@@ -139,6 +182,13 @@ g4c_lt_init(g4_cuda *c)
 	if (st != CUBLAS_STATUS_SUCCESS)
 		return lt_fail(c, st, "handle");
 	c->lt = h;
+	c->lt_plans = (g4c_lt_plans *) calloc(1, sizeof(g4c_lt_plans));
+	if (!c->lt_plans)
+	{
+		snprintf(c->err_msg, sizeof(c->err_msg), "out of memory");
+		c->err_code = G4_ERR_NOMEM;
+		return G4_ERR_NOMEM;
+	}
 	G4C_CHECK(c, cudaMalloc(&c->lt_ws, LT_WORKSPACE_BYTES));
 	/* as many dequantisation blocks as are resident at once: the items are
 	 * shared evenly, with no second wave */
@@ -161,6 +211,11 @@ g4c_lt_free(g4_cuda *c)
 		if (c->lt_slot[i].data)
 			cudaFree(c->lt_slot[i].data);
 	memset(c->lt_slot, 0, sizeof(c->lt_slot));
+	if (c->lt_plans)
+		for (int i = 0; i < LT_PLANS; i++)
+			plan_clear(&c->lt_plans->p[i]);
+	free(c->lt_plans);
+	c->lt_plans = NULL;
 	if (c->lt_ws)
 		cudaFree(c->lt_ws);
 	if (c->lt)
@@ -218,43 +273,32 @@ dequantised(g4_cuda *c, const g4_weight *w)
 #define LT_CHECK(c, call, what) do { cublasStatus_t _s = (call); \
 	if (_s != CUBLAS_STATUS_SUCCESS) { rc = lt_fail((c), _s, (what)); goto done; } } while (0)
 
-/* One product on cuBLASLt (float32 accumulation), described in its
- * column-major terms: g4c_lt_product in cuda_common.cuh. */
-int
-g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, void *D)
+/* A plan for p's shape: its descriptors and the heuristic's first
+ * LT_ALGOS algorithms (G4_LT_ALGO picks among them). */
+static int
+plan_make(g4_cuda *c, const g4c_lt_product *p, lt_plan *pl)
 {
 	cudaDataType_t ab = p->ab_f16 ? CUDA_R_16F : CUDA_R_16BF;
 	cudaDataType_t dt = p->d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-	cublasLtMatmulDesc_t op = NULL;
-	cublasLtMatrixLayout_t la = NULL,
-				lb = NULL,
-				ld = NULL;
-	cublasLtMatmulPreference_t pref = NULL;
-	cublasLtMatmulHeuristicResult_t heur[LT_ALGOS];
-	const char *pick = getenv("G4_LT_ALGO");
 	cublasOperation_t ta = p->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+	cublasLtMatmulPreference_t pref = NULL;
 	size_t		ws = LT_WORKSPACE_BYTES;
-	int			found = 0,
-				algo;
-	float		alpha = 1.0f,
-				beta = p->accumulate ? 1.0f : 0.0f;
 	int			rc = G4_OK;
 
-	if (c->dry)
-		return G4_OK;
-	LT_CHECK(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
-	LT_CHECK(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "descriptor");
-	LT_CHECK(c, cublasLtMatrixLayoutCreate(&la, ab, p->transa ? p->k : p->m, p->transa ? p->m : p->k, p->lda),
+	memcpy(&pl->key, p, sizeof(*p));
+	LT_CHECK(c, cublasLtMatmulDescCreate(&pl->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
+	LT_CHECK(c, cublasLtMatmulDescSetAttribute(pl->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "descriptor");
+	LT_CHECK(c, cublasLtMatrixLayoutCreate(&pl->la, ab, p->transa ? p->k : p->m, p->transa ? p->m : p->k, p->lda),
 			 "layout");
-	LT_CHECK(c, cublasLtMatrixLayoutCreate(&lb, ab, p->k, p->n, p->ldb), "layout");
-	LT_CHECK(c, cublasLtMatrixLayoutCreate(&ld, dt, p->m, p->n, p->ldd), "layout");
+	LT_CHECK(c, cublasLtMatrixLayoutCreate(&pl->lb, ab, p->k, p->n, p->ldb), "layout");
+	LT_CHECK(c, cublasLtMatrixLayoutCreate(&pl->ld, dt, p->m, p->n, p->ldd), "layout");
 	if (p->batch > 1)
 	{
 		const struct
 		{
 			cublasLtMatrixLayout_t l;
 			int64_t		stride;
-		}			b[3] = {{la, p->sa}, {lb, p->sb}, {ld, p->sd}};
+		}			b[3] = {{pl->la, p->sa}, {pl->lb, p->sb}, {pl->ld, p->sd}};
 
 		for (int i = 0; i < 3; i++)
 		{
@@ -267,29 +311,67 @@ g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, v
 	LT_CHECK(c, cublasLtMatmulPreferenceCreate(&pref), "preference");
 	LT_CHECK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
 			 "preference");
-	LT_CHECK(c, cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t) c->lt, op, la, lb, ld, ld, pref,
-											   pick ? LT_ALGOS : 1, heur, &found), "heuristic");
-	if (found < 1)
-	{
+	LT_CHECK(c, cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t) c->lt, pl->op, pl->la, pl->lb, pl->ld, pl->ld, pref,
+											   LT_ALGOS, pl->heur, &pl->found), "heuristic");
+	if (pl->found < 1)
 		rc = lt_fail(c, CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm");
-		goto done;
-	}
-	algo = pick ? atoi(pick) : 0;
-	algo = algo < 0 ? 0 : algo >= found ? found - 1 : algo;
-	LT_CHECK(c, cublasLtMatmul((cublasLtHandle_t) c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld,
-							   &heur[algo].algo, c->lt_ws, LT_WORKSPACE_BYTES, c->stream), "matmul");
 done:
 	if (pref)
 		cublasLtMatmulPreferenceDestroy(pref);
-	if (ld)
-		cublasLtMatrixLayoutDestroy(ld);
-	if (lb)
-		cublasLtMatrixLayoutDestroy(lb);
-	if (la)
-		cublasLtMatrixLayoutDestroy(la);
-	if (op)
-		cublasLtMatmulDescDestroy(op);
+	if (rc != G4_OK)
+		plan_clear(pl);
 	return rc;
+}
+
+/* The plan of p's shape, made when new (NULL after recording an error). */
+static const lt_plan *
+plan_for(g4_cuda *c, const g4c_lt_product *p)
+{
+	g4c_lt_plans *ps = c->lt_plans;
+	lt_plan    *lru = &ps->p[0];
+
+	for (int i = 0; i < LT_PLANS; i++)
+	{
+		lt_plan    *pl = &ps->p[i];
+
+		if (pl->used && memcmp(&pl->key, p, sizeof(*p)) == 0)
+		{
+			pl->used = ++ps->clock;
+			return pl;
+		}
+		if (pl->used < lru->used)
+			lru = pl;
+	}
+	plan_clear(lru);
+	if (plan_make(c, p, lru) != G4_OK)
+		return NULL;
+	lru->used = ++ps->clock;
+	return lru;
+}
+
+/* One product on cuBLASLt (float32 accumulation), described in its
+ * column-major terms: g4c_lt_product in cuda_common.cuh.  The heuristic's
+ * first algorithm, or with G4_LT_ALGO=i (benchmarks) its i-th. */
+int
+g4c_lt_gemm(g4_cuda *c, const g4c_lt_product *p, const void *A, const void *B, void *D)
+{
+	const char *pick = getenv("G4_LT_ALGO");
+	const lt_plan *pl;
+	float		alpha = 1.0f,
+				beta = p->accumulate ? 1.0f : 0.0f;
+	int			algo;
+	cublasStatus_t st;
+
+	if (c->dry)
+		return G4_OK;
+	pl = plan_for(c, p);
+	if (!pl)
+		return c->err_code;
+	algo = pick ? atoi(pick) : 0;
+	algo = algo < 0 ? 0 : algo >= pl->found ? pl->found - 1 : algo;
+	st = cublasLtMatmul((cublasLtHandle_t) c->lt, pl->op, &alpha, A, pl->la, B, pl->lb, &beta, D, pl->ld, D, pl->ld,
+						&pl->heur[algo].algo, c->lt_ws, LT_WORKSPACE_BYTES, c->stream);
+	return st == CUBLAS_STATUS_SUCCESS ? G4_OK : lt_fail(c, st, "matmul");
 }
 
 /* y[n][N] = x[n][K]·Wᵀ, float32 or (d_bf16) bf16.  Column-major, as cuBLAS
