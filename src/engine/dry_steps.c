@@ -4,6 +4,7 @@
  */
 #include "dry_steps.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -258,6 +259,7 @@ g4_dry_steps(g4_engine *e, g4_err *err)
 	g4_err		off_err;
 	int			n,
 				rc;
+	double		t0;
 
 	if (!be->ops->dry_run)
 		return G4_OK;
@@ -273,6 +275,7 @@ g4_dry_steps(g4_engine *e, g4_err *err)
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 	}
 	g4_dry_step_shapes(e, shapes, n);
+	t0 = g4_now();
 	rc = be->ops->dry_run(be, 1, err);
 	for (int i = 0; i < n && rc == G4_OK; i++)
 	{
@@ -296,5 +299,8 @@ g4_dry_steps(g4_engine *e, g4_err *err)
 		*err = off_err;
 		rc = off_err.code;
 	}
+	if (rc == G4_OK && e->opts.verbose)
+		fprintf(stderr, "sized the %s backend's buffers for %d steps in %.3f s: %.1f MiB\n", be->ops->name, n,
+				g4_now() - t0, be->ops->held_bytes ? (double) be->ops->held_bytes(be) / 1048576.0 : 0.0);
 	return rc;
 }
