@@ -482,22 +482,36 @@ scores_budget(void)
  * this one's tokens may use: the dry step's own or, where its rows pass the
  * bound (the products then leave the step to the tc kernel), the largest
  * grid within the bound, which a step of fewer or shorter runs reaches.
- * And the scratch of any slice of at most these tokens: its scores take at
- * most the budget (or one 16-key block), its queries and output grow with
- * its rows.
+ * And the scratch of any slice of a run of at most these tokens: a run
+ * sees at least as many keys as it has tokens, which bounds how many
+ * tokens slice_plan puts in one slice; the scores take at most the budget,
+ * the queries and the output grow with the slice's rows.
  */
 int
 g4c_attention_gemm_dry(g4_cuda *c, const attn_args *a)
 {
 	size_t		grid = (size_t) c->keqv_tile_grid;
-	size_t		rows = (size_t) c->n_tokens * (size_t) a->gq;
-	size_t		keys = G4_DIV_UP(scores_budget(), (size_t) a->n_kv * rows * 4);
+	size_t		budget = scores_budget();
+	int			heads = a->n_kv * a->gq;
+	int			tallest = 1;
+	size_t		rows,
+				keys;
 	slice_scratch unused;
 
 	if (!gemm_applies(c, a))
 		return G4_OK;
 	while (grid > 1 && grid_rows_bytes(a, grid) > ATTN_GEMM_ROWS_MAX_BYTES)
 		grid /= 2;
+	for (int n = G4_KV_BLOCK_TOKENS; n < c->n_tokens + G4_KV_BLOCK_TOKENS; n += G4_KV_BLOCK_TOKENS)
+	{
+		int			ts,
+					kb;
+
+		slice_plan(G4_MIN(n, c->n_tokens), n, heads, budget, KEY_BLOCK_MAX, &ts, &kb);
+		tallest = G4_MAX(tallest, ts);
+	}
+	rows = (size_t) tallest * (size_t) a->gq;
+	keys = G4_DIV_UP(budget, (size_t) a->n_kv * rows * 4);
 	keys = G4_MAX(G4_DIV_UP(keys, G4_KV_BLOCK_TOKENS) * G4_KV_BLOCK_TOKENS, (size_t) G4_KV_BLOCK_TOKENS);
 	if (!g4c_grow(c, &c->keqv_rows, &c->keqv_rows_bytes, grid_rows_bytes(a, grid), "k_eq_v key and value rows") ||
 		!g4c_scratch(c, slice_layout(NULL, a->n_kv, (int) rows, (int) keys, a->hd, &unused)))
