@@ -107,6 +107,24 @@ g4_dry_meta_free(g4_dry_meta *b)
 	memset(b, 0, sizeof(*b));
 }
 
+/* The step metadata over b's arrays. */
+static void
+view(g4_dry_meta *b, int n_tokens, int n_logits, g4_step_meta *meta)
+{
+	memset(meta, 0, sizeof(*meta));
+	meta->n_tokens = n_tokens;
+	meta->token = b->token;
+	meta->pos = b->pos;
+	meta->slot = b->slot;
+	for (int g = 0; g < G4_KVG_COUNT; g++)
+	{
+		meta->lo[g] = b->lo[g];
+		meta->hi[g] = b->hi[g];
+	}
+	meta->n_logits = n_logits;
+	meta->logit_rows = b->logit_rows;
+}
+
 void
 g4_dry_step_meta(const g4_engine *e, const g4_dry_step *st, g4_dry_meta *b, g4_step_meta *meta)
 {
@@ -114,7 +132,6 @@ g4_dry_step_meta(const g4_engine *e, const g4_dry_step *st, g4_dry_meta *b, g4_s
 	int			row = 0,
 				n_logits = 0,
 				seq = 0;
-	int			g;
 
 	for (int p = 0; p < G4_DRY_PARTS; p++)
 	{
@@ -135,18 +152,7 @@ g4_dry_step_meta(const g4_engine *e, const g4_dry_step *st, g4_dry_meta *b, g4_s
 					b->logit_rows[n_logits++] = row;
 			}
 	}
-	memset(meta, 0, sizeof(*meta));
-	meta->n_tokens = row;
-	meta->token = b->token;
-	meta->pos = b->pos;
-	meta->slot = b->slot;
-	for (g = 0; g < G4_KVG_COUNT; g++)
-	{
-		meta->lo[g] = b->lo[g];
-		meta->hi[g] = b->hi[g];
-	}
-	meta->n_logits = n_logits;
-	meta->logit_rows = b->logit_rows;
+	view(b, row, n_logits, meta);
 }
 
 /* A draft round of k passes for n sequences at the window's end (their
@@ -172,18 +178,7 @@ dry_draft(g4_engine *e, int n, g4_dry_meta *b, int32_t *ids, g4_err *err)
 			b->hi[g][i] = hi[g];
 		}
 	}
-	memset(&meta, 0, sizeof(meta));
-	meta.n_tokens = n;
-	meta.token = b->token;
-	meta.pos = b->pos;
-	meta.slot = b->slot;
-	for (int g = 0; g < G4_KVG_COUNT; g++)
-	{
-		meta.lo[g] = b->lo[g];
-		meta.hi[g] = b->hi[g];
-	}
-	meta.n_logits = n;
-	meta.logit_rows = b->logit_rows;
+	view(b, n, n, &meta);
 	return g4_draft_round(&e->draft, &meta, e->ws.lx, e->spec_k, ids, err);
 }
 

@@ -20,6 +20,13 @@ h_fixture_model(void)
 	return p && g4_is_dir(p) ? p : NULL;
 }
 
+const char *
+h_assistant_of(const char *model, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s-assistant", model);
+	return g4_is_dir(buf) ? buf : NULL;
+}
+
 void
 h_options(g4_options *o, const char *model)
 {

@@ -12,6 +12,10 @@
 /* Path of the generated fixture model (G4_FIXTURE_MODEL), or NULL. */
 const char *h_fixture_model(void);
 
+/* The fixture's MTP assistant, written beside it as "<model>-assistant"
+ * (gemma4-make-model --assistant): its path in buf, or NULL when absent. */
+const char *h_assistant_of(const char *model, char *buf, size_t len);
+
 /* Engine options for tests: CPU backend, f32 KV, small pool. */
 void		h_options(g4_options *o, const char *model);
 

@@ -265,17 +265,6 @@ nan_case_prefix(const char *model, int backend)
 	short_case_free(&sc);
 }
 
-/* The fixture's assistant, made beside it: "<model>-assistant". */
-static int
-assistant_beside(const char *model, char *out, size_t out_len)
-{
-	snprintf(out, out_len, "%s-assistant", model);
-	if (g4_is_dir(out))
-		return 1;
-	fprintf(stderr, "    no assistant beside %s\n", model);
-	return 0;
-}
-
 /* Drafts rewritten to start with the NaN id. */
 static void
 nan_first_draft(void *ctx, uint64_t seq_id, int first_pos, int32_t *drafts, int n)
@@ -292,7 +281,7 @@ nan_case_verify(const char *model, int backend)
 	short_case	sc;
 	int			sampled;
 
-	CHECK(assistant_beside(model, abuf, sizeof(abuf)));
+	CHECK_MSG(h_assistant_of(model, abuf, sizeof(abuf)), "no assistant beside %s", model);
 	CHECK(short_case_load(&sc) == 0);
 	CHECK(nan_copy(model, "nan-target", dir, sizeof(dir)) == 0);
 	for (sampled = 0; sampled < 2; sampled++)
@@ -346,7 +335,7 @@ nan_case_drafts(const char *model, int backend)
 	g4_stats	st;
 	int			i;
 
-	CHECK(assistant_beside(model, abuf, sizeof(abuf)));
+	CHECK_MSG(h_assistant_of(model, abuf, sizeof(abuf)), "no assistant beside %s", model);
 	CHECK(short_case_load(&sc) == 0);
 	CHECK(nan_copy(abuf, "nan-assistant", dir, sizeof(dir)) == 0);
 	options(&o, model, backend);

@@ -216,35 +216,49 @@ record(g4_engine *e, int with_dry_run, int fail_at)
 	e->be->ops = &R.ops;
 }
 
+/* The fixture with its assistant opened (*e NULL when it could not be,
+ * err saying why), the dry steps run through the recording backend, the
+ * CPU table put back; returns what g4_dry_steps returned. */
 static int
-open_with_assistant(g4_engine **e, g4_err *err, char *abuf, size_t alen)
+dry_steps_recorded(g4_engine **e, int with_dry_run, int fail_at, g4_err *err)
 {
+	static char abuf[4096];		/* the engine keeps the options' strings */
 	const char *model = h_fixture_model();
 	g4_options	o;
+	int			rc;
 
-	snprintf(abuf, alen, "%s-assistant", model);
 	h_options(&o, model);
-	o.draft_model_path = abuf;
+	o.draft_model_path = h_assistant_of(model, abuf, sizeof(abuf));
 	o.max_num_seqs = 8;
 	o.max_num_batched_tokens = 512;
-	return g4_open(&o, e, err);
+	if (g4_open(&o, e, err) != G4_OK)
+	{
+		*e = NULL;
+		return err->code;
+	}
+	record(*e, with_dry_run, fail_at);
+	rc = g4_dry_steps(*e, err);
+	(*e)->be->ops = R.cpu;
+	return rc;
 }
+
+#define NEED_MODEL() \
+	do { \
+		if (!h_fixture_model()) \
+			G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)"); \
+	} while (0)
 
 G4_TEST(dry_steps_reach_the_limits_with_valid_steps)
 {
 	g4_engine  *e;
 	g4_err		err;
-	char		abuf[4096];
 	int			rc;
 
-	if (!h_fixture_model())
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	CHECK_OK(open_with_assistant(&e, &err, abuf, sizeof(abuf)), &err);
-	CHECK(e->draft.m && e->spec_k > 0);
-	record(e, 1, -1);
-	rc = g4_dry_steps(e, &err);
-	e->be->ops = R.cpu;
+	NEED_MODEL();
+	rc = dry_steps_recorded(&e, 1, -1, &err);
+	CHECK_MSG(e, "open: %s", err.msg);
 	CHECK_OK(rc, &err);
+	CHECK(e->draft.m && e->spec_k > 0);
 	CHECK_MSG(!R.bad[0], "%s", R.bad);
 	CHECK_INT(R.dry_on, 1);
 	CHECK_INT(R.dry_off, 1);
@@ -279,15 +293,11 @@ G4_TEST(dry_steps_need_a_backend_that_runs_dry)
 {
 	g4_engine  *e;
 	g4_err		err;
-	char		abuf[4096];
 	int			rc;
 
-	if (!h_fixture_model())
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	CHECK_OK(open_with_assistant(&e, &err, abuf, sizeof(abuf)), &err);
-	record(e, 0, -1);
-	rc = g4_dry_steps(e, &err);
-	e->be->ops = R.cpu;
+	NEED_MODEL();
+	rc = dry_steps_recorded(&e, 0, -1, &err);
+	CHECK_MSG(e, "open: %s", err.msg);
 	CHECK_OK(rc, &err);
 	CHECK_INT(R.steps, 0);
 	CHECK_INT(R.configured, 0);
@@ -299,15 +309,11 @@ G4_TEST(dry_steps_failure_names_the_step_and_ends_dry)
 {
 	g4_engine  *e;
 	g4_err		err;
-	char		abuf[4096];
 	int			rc;
 
-	if (!h_fixture_model())
-		G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)");
-	CHECK_OK(open_with_assistant(&e, &err, abuf, sizeof(abuf)), &err);
-	record(e, 1, 1);
-	rc = g4_dry_steps(e, &err);
-	e->be->ops = R.cpu;
+	NEED_MODEL();
+	rc = dry_steps_recorded(&e, 1, 1, &err);
+	CHECK_MSG(e, "open: %s", err.msg);
 	CHECK_INT(rc, G4_ERR_NOMEM);
 	CHECK_INT(err.code, G4_ERR_NOMEM);
 	CHECK_MSG(strstr(err.msg, "sizing the cpu backend's buffers for a chunk at the end of the window"), "%s", err.msg);

@@ -31,21 +31,13 @@
 #define ERR_FACTOR 3.0
 #define ERR_FLOOR 1e-6
 
-/* The assistant written beside a fixture model, or NULL. */
-static const char *
-assistant_of(const char *model, char *buf, size_t len)
-{
-	snprintf(buf, len, "%s-assistant", model);
-	return g4_is_dir(buf) ? buf : NULL;
-}
-
 /* In a test with model, abuf and assistant: skip without the fixture model,
  * fail without the assistant written beside it. */
 #define NEED_ASSISTANT() \
 	do { \
 		if (!model) \
 			G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)"); \
-		assistant = assistant_of(model, abuf, sizeof(abuf)); \
+		assistant = h_assistant_of(model, abuf, sizeof(abuf)); \
 		CHECK_MSG(assistant, "no assistant beside %s", model); \
 	} while (0)
 
@@ -209,7 +201,7 @@ static void
 check_proposals(const char *model, const char *golden_name)
 {
 	char		abuf[4096];
-	const char *assistant = assistant_of(model, abuf, sizeof(abuf));
+	const char *assistant = h_assistant_of(model, abuf, sizeof(abuf));
 	h_golden	G;
 	char		why[512];
 	g4_backend *be;

@@ -65,8 +65,7 @@ G4_TEST(gpu_backend_buffers_do_not_grow_while_serving)
 		G4_SKIP("no CUDA device");
 	if (!model)
 		G4_SKIP("G4_FIXTURE_MODEL not set");
-	snprintf(assistant, sizeof(assistant), "%s-assistant", model);
-	if (!g4_is_dir(assistant))
+	if (!h_assistant_of(model, assistant, sizeof(assistant)))
 		G4_SKIP("no assistant beside the fixture (gemma4-make-model --preset tiny --assistant)");
 	for (int dtype = G4_KV_F32; dtype <= G4_KV_TURBOQUANT_K8V4; dtype++)
 	{

@@ -132,8 +132,7 @@ G4_TEST(gpu_mtp_greedy_with_drafting_matches)
 		G4_SKIP("no CUDA device");
 	if (!model)
 		G4_SKIP("G4_FIXTURE_MODEL not set");
-	snprintf(assistant, sizeof(assistant), "%s-assistant", model);
-	if (!g4_is_dir(assistant))
+	if (!h_assistant_of(model, assistant, sizeof(assistant)))
 		G4_SKIP("no assistant beside the fixture (gemma4-make-model --preset tiny --assistant)");
 	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
 	for (dtype = G4_KV_F32; dtype <= G4_KV_TURBOQUANT_K8V4; dtype++)
