@@ -815,6 +815,9 @@ handle_frame(uint32 type, const char *body, size_t len)
 				r.architecture[sizeof(r.architecture) - 1] = '\0';
 				r.family[sizeof(r.family) - 1] = '\0';
 				r.version[sizeof(r.version) - 1] = '\0';
+				r.backend[sizeof(r.backend) - 1] = '\0';
+				r.device[sizeof(r.device) - 1] = '\0';
+				r.kv_dtype[sizeof(r.kv_dtype) - 1] = '\0';
 				LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
 				g4_shared->model = r;
 				LWLockRelease(g4_shared->lock);
@@ -824,7 +827,11 @@ handle_frame(uint32 type, const char *body, size_t len)
 				ereport(LOG,
 						(errmsg("gemma4 model ready: %s (%s, %d layers, %.2f billion parameters, window %d tokens), engine %s",
 								r.architecture, r.family, r.n_layers, (double) r.n_params / 1e9,
-								r.max_model_len, r.version)));
+								r.max_model_len, r.version),
+						 errdetail("%s backend on %s: weights %.1f MiB, KV pool %.1f MiB (%s, %lld sequences of the whole window), workspace %.1f MiB.",
+								   r.backend, r.device, (double) r.weight_bytes / 1048576.0,
+								   (double) r.kv_bytes / 1048576.0, r.kv_dtype, (long long) r.fit_full_context,
+								   (double) r.workspace_bytes / 1048576.0)));
 				return true;
 			}
 		case G4F_LOAD_FAILED:

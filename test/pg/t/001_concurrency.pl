@@ -3,7 +3,8 @@
 # Sixteen sessions start their requests together (released by an advisory
 # lock); each answer must equal the same request run alone, and the engine
 # must have batched them (gemma_stats.max_batch_size > 1).  Then pgbench
-# drives the functions from 16 clients, and the pool must end empty.
+# drives the functions from 16 clients, and the pool must end empty.  First,
+# the server log's line for the ready model gives its memory budget.
 use strict;
 use warnings;
 
@@ -17,6 +18,18 @@ my $node = G4Test::new_node('concurrency');
 $node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION gemma4');
 is($node->safe_psql('postgres', 'SELECT gemma_wait_ready(60000)'), 't', 'the model is ready');
+
+# The log says where the device memory went, in gemma_stats' figures.
+{
+	my ($backend, $kv_dtype, $weights, $kv, $ws) = split /\|/,
+	  $node->safe_psql('postgres',
+		'SELECT backend, kv_cache_dtype, weight_bytes, kv_bytes, workspace_bytes FROM gemma_stats');
+	my $mib = sub { sprintf('%.1f', $_[0] / 1048576.0) };
+	like(
+		slurp_file($node->logfile),
+		qr/gemma4 model ready: .*\n.*DETAIL:\s+\Q$backend\E backend on [^\n]+: weights \Q@{[$mib->($weights)]}\E MiB, KV pool \Q@{[$mib->($kv)]}\E MiB \(\Q$kv_dtype\E, \d+ sequences of the whole window\), workspace \Q@{[$mib->($ws)]}\E MiB\./,
+		'the log gives the memory budget gemma_stats reports');
+}
 
 my $n = 16;
 
