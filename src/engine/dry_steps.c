@@ -182,9 +182,12 @@ dry_draft(g4_engine *e, int n, g4_dry_meta *b, int32_t *ids, g4_err *err)
 	return g4_draft_round(&e->draft, &meta, e->ws.lx, e->spec_k, ids, err);
 }
 
+/* What a dry step that failed was, for the error. */
+#define WHAT_LEN 160
+
 /* Draft rounds for every number of drafting sequences. */
 static int
-dry_drafts(g4_engine *e, g4_dry_meta *b, g4_err *err)
+dry_drafts(g4_engine *e, g4_dry_meta *b, char *what, g4_err *err)
 {
 	int			most = G4_MIN(G4_MIN(e->max_seqs, e->opts.spec_max_batch), G4_MIN(e->draft.max_rows, e->max_batched));
 	int32_t    *ids;
@@ -197,8 +200,7 @@ dry_drafts(g4_engine *e, g4_dry_meta *b, g4_err *err)
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 	for (int n = 1; n <= most && rc == G4_OK; n++)
 		if ((rc = dry_draft(e, n, b, ids, err)) != G4_OK)
-			g4_fail_ctx(err, "sizing the %s backend's buffers for a draft round of %d sequences", e->be->ops->name,
-						n);
+			snprintf(what, WHAT_LEN, "a draft round of %d sequences", n);
 	free(ids);
 	return rc;
 }
@@ -207,7 +209,7 @@ dry_drafts(g4_engine *e, g4_dry_meta *b, g4_err *err)
  * partial results grow with rows times the blocks each row is split over,
  * which shrink as rows grow. */
 static int
-dry_sample(g4_engine *e, g4_err *err)
+dry_sample(g4_engine *e, char *what, g4_err *err)
 {
 	g4_backend *be = e->be;
 	const g4_model_config *c = &e->model->cfg;
@@ -238,7 +240,10 @@ dry_sample(g4_engine *e, g4_err *err)
 	for (int n = 1; n <= N && rc == G4_OK; n++)
 		if ((rc = be->ops->sample(be, e->ws.logits, n, c->vocab_size, c->suppress_ids, c->n_suppress, rows, ids)) !=
 			G4_OK)
-			g4_fail(err, rc, "sizing the %s backend's buffers for the sampler on %d rows failed", be->ops->name, n);
+		{
+			g4_fail(err, rc, "%s backend: sample failed", be->ops->name);
+			snprintf(what, WHAT_LEN, "the sampler on %d rows", n);
+		}
 	free(rows);
 	free(ids);
 	return rc;
@@ -252,6 +257,7 @@ g4_dry_steps(g4_engine *e, g4_err *err)
 	g4_dry_step *shapes;
 	g4_dry_meta b;
 	g4_err		off_err;
+	char		what[WHAT_LEN] = "";
 	int			n,
 				rc;
 	double		t0;
@@ -279,21 +285,23 @@ g4_dry_steps(g4_engine *e, g4_err *err)
 		g4_dry_step_meta(e, &shapes[i], &b, &meta);
 		rc = g4_model_forward(e->model, &e->ws, &meta, NULL, err);
 		if (rc != G4_OK)
-			g4_fail_ctx(err, "sizing the %s backend's buffers for %s (%d tokens)", be->ops->name, shapes[i].what,
-						meta.n_tokens);
+			snprintf(what, sizeof(what), "%s (%d tokens)", shapes[i].what, meta.n_tokens);
 	}
 	if (rc == G4_OK)
-		rc = dry_drafts(e, &b, err);
+		rc = dry_drafts(e, &b, what, err);
 	if (rc == G4_OK)
-		rc = dry_sample(e, err);
+		rc = dry_sample(e, what, err);
 	g4_dry_meta_free(&b);
 	free(shapes);
-	/* always back to launching, and the first failure of the run reported */
-	if (be->ops->dry_run(be, 0, &off_err) != G4_OK && rc == G4_OK)
+	/* always back to launching; a backend that failed says why (a growth
+	 * out of memory), where the operation only said that it failed */
+	if (be->ops->dry_run(be, 0, &off_err) != G4_OK)
 	{
 		*err = off_err;
 		rc = off_err.code;
 	}
+	if (rc != G4_OK && what[0])
+		g4_fail_ctx(err, "sizing the %s backend's buffers for %s", be->ops->name, what);
 	if (rc == G4_OK && e->opts.verbose)
 		fprintf(stderr, "sized the %s backend's buffers for %d steps in %.3f s: %.1f MiB\n", be->ops->name, n,
 				g4_now() - t0, be->ops->held_bytes ? (double) be->ops->held_bytes(be) / 1048576.0 : 0.0);

@@ -14,7 +14,8 @@
  *    number of sequences, a verify step whose every row wants logits, a
  *    draft round, and the sampler once for every number of rows;
  *  - a backend without dry_run sees nothing; a failure while dry names the
- *    step and still switches dry_run off.
+ *    step and the backend's own account of it, and still switches dry_run
+ *    off.
  */
 #include "dry_steps.h"
 #include "harness.h"
@@ -33,6 +34,7 @@ typedef struct
 	int			configured;
 	int			steps;
 	int			fail_at;		/* step_begin number that fails, or -1 */
+	int			failed;			/* it did: dry_run(0) says why, as a backend does */
 	char		bad[256];		/* the first bad metadata */
 	int			most_tokens,
 				most_slots,
@@ -140,7 +142,10 @@ rec_step_begin(g4_backend *be, const g4_step_meta *meta)
 {
 	note();
 	if (R.steps++ == R.fail_at)
+	{
+		R.failed = 1;
 		return G4_ERR_NOMEM;
+	}
 	check_meta(meta);
 	return G4_OK;
 }
@@ -155,6 +160,8 @@ rec_dry_run(g4_backend *be, int on, g4_err *err)
 		R.dry_on++;
 	else
 		R.dry_off++;
+	if (!on && R.failed)
+		return g4_fail(err, G4_ERR_NOMEM, "cudaMalloc (scratch): out of memory");
 	return G4_OK;
 }
 
@@ -316,7 +323,8 @@ G4_TEST(dry_steps_failure_names_the_step_and_ends_dry)
 	CHECK_MSG(e, "open: %s", err.msg);
 	CHECK_INT(rc, G4_ERR_NOMEM);
 	CHECK_INT(err.code, G4_ERR_NOMEM);
-	CHECK_MSG(strstr(err.msg, "sizing the cpu backend's buffers for a chunk at the end of the window"), "%s", err.msg);
+	CHECK_MSG(strstr(err.msg, "sizing the cpu backend's buffers for a chunk at the end of the window (512 tokens): "
+					 "cudaMalloc (scratch): out of memory"), "%s", err.msg);
 	CHECK_INT(R.dry, 0);
 	CHECK_INT(R.dry_off, 1);
 	CHECK_INT(R.steps, 2);
