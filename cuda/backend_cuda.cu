@@ -217,16 +217,32 @@ cu_destroy(g4_backend *be)
 	free(c);
 }
 
-static size_t
-cu_held_bytes(g4_backend *be)
+static int
+cu_held(g4_backend *be, g4_memory_use *out, int max)
 {
 	g4_cuda    *c = g4c_of(be);
+	size_t		lt_workspace = 0,
+				lt_slots = 0;
+	int			n = 0;
 
-	return c->scratch_bytes + c->keqv_rows_bytes + (c->act_bf16 ? G4C_ACT_BF16_BYTES : 0) + c->counters_n * sizeof(unsigned) +
-		c->meta_ints * sizeof(int32_t) +
-		g4c_lt_held_bytes(c) + (size_t) c->cap_ids * sizeof(int32_t) +
-		(size_t) c->cap_rows * sizeof(g4_row_sampling) + (size_t) c->cap_suppress * sizeof(int32_t) +
-		(size_t) c->cap_sample_work;
+	g4c_lt_held(c, &lt_workspace, &lt_slots);
+	{
+		const g4_memory_use uses[] = {
+			{"scratch", c->scratch_bytes},
+			{"dequantised int4 weights", lt_slots},
+			{"k_eq_v key and value rows", c->keqv_rows_bytes},
+			{"cuBLASLt workspace", lt_workspace},
+			{"bf16 activation copy", c->act_bf16 ? G4C_ACT_BF16_BYTES : 0},
+			{"step metadata and counters", c->meta_ints * sizeof(int32_t) + c->counters_n * sizeof(unsigned)},
+			{"sampler", (size_t) c->cap_ids * sizeof(int32_t) + (size_t) c->cap_rows * sizeof(g4_row_sampling) +
+			 (size_t) c->cap_suppress * sizeof(int32_t) + (size_t) c->cap_sample_work},
+		};
+
+		for (size_t i = 0; i < sizeof(uses) / sizeof(uses[0]) && n < max; i++)
+			if (uses[i].bytes > 0)
+				out[n++] = uses[i];
+	}
+	return n;
 }
 
 static void
@@ -926,7 +942,7 @@ static const g4_backend_ops cuda_ops = {
 	.name = "cuda",
 	.destroy = cu_destroy,
 	.device_info = cu_device_info,
-	.held_bytes = cu_held_bytes,
+	.held = cu_held,
 	.dry_run = cu_dry_run,
 	.alloc = cu_alloc,
 	.free = cu_free,

@@ -680,7 +680,8 @@ int			g4c_matmul_i4(g4_cuda *c, const g4_weight *w, const float *x, int n, float
 /* matmul_lt.cu */
 int			g4c_lt_init(g4_cuda *c);
 void		g4c_lt_free(g4_cuda *c);
-size_t		g4c_lt_held_bytes(const g4_cuda *c);
+/* its workspace and the dequantised weights' slots, in bytes */
+void		g4c_lt_held(const g4_cuda *c, size_t *workspace, size_t *slots);
 void		g4c_lt_step_begin(g4_cuda *c);
 int			g4c_matmul_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *y);
 int			g4c_matmul_geglu_i4_lt(g4_cuda *c, const g4_weight *w, const float *x, int n, float *gu,

@@ -197,11 +197,11 @@ g4c_lt_init(g4_cuda *c)
 	return G4_OK;
 }
 
-/* The workspace and the dequantised weight slots. */
-size_t
-g4c_lt_held_bytes(const g4_cuda *c)
+void
+g4c_lt_held(const g4_cuda *c, size_t *workspace, size_t *slots)
 {
-	return (c->lt_ws ? LT_WORKSPACE_BYTES : 0) + c->lt_slot[0].bytes + c->lt_slot[1].bytes;
+	*workspace = c->lt_ws ? LT_WORKSPACE_BYTES : 0;
+	*slots = c->lt_slot[0].bytes + c->lt_slot[1].bytes;
 }
 
 void

@@ -159,8 +159,9 @@ typedef struct
 								size_t *free_bytes, size_t *total_bytes);
 	/* Device memory the backend holds for its own use now (scratch, library
 	 * workspaces, dequantised weight copies, staging), beside what alloc
-	 * handed out; optional (NULL: none). */
-	size_t		(*held_bytes) (g4_backend *be);
+	 * handed out, by use; returns how many uses, at most max.  Optional
+	 * (NULL: none). */
+	int			(*held) (g4_backend *be, g4_memory_use *out, int max);
 	/* Dry steps (on = 1 until on = 0): the backend does the host side of
 	 * every operation (its choices of kernels, and growing the buffers it
 	 * keeps to what they need) and launches nothing.  The engine passes its

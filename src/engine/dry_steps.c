@@ -304,6 +304,6 @@ g4_dry_steps(g4_engine *e, g4_err *err)
 		g4_fail_ctx(err, "sizing the %s backend's buffers for %s", be->ops->name, what);
 	if (rc == G4_OK && e->opts.verbose)
 		fprintf(stderr, "sized the %s backend's buffers for %d steps in %.3f s: %.1f MiB\n", be->ops->name, n,
-				g4_now() - t0, be->ops->held_bytes ? (double) be->ops->held_bytes(be) / 1048576.0 : 0.0);
+				g4_now() - t0, (double) g4_backend_held_bytes(be) / 1048576.0);
 	return rc;
 }

@@ -720,6 +720,54 @@ g4_step(g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err)
 	return e->n_seqs;
 }
 
+size_t
+g4_backend_held_bytes(g4_backend *be)
+{
+	g4_memory_use u[G4_MEMORY_USES_MAX];
+	int			n = be->ops->held ? be->ops->held(be, u, G4_MEMORY_USES_MAX) : 0;
+	size_t		sum = 0;
+
+	for (int i = 0; i < n; i++)
+		sum += u[i].bytes;
+	return sum;
+}
+
+static void
+memory_use(g4_memory_use *out, int max, int *n, const char *what, size_t bytes)
+{
+	if (bytes > 0 && *n < max)
+	{
+		out[*n].what = what;
+		out[*n].bytes = bytes;
+		(*n)++;
+	}
+}
+
+int
+g4_memory_get(const g4_engine *e, g4_memory_use *out, int max)
+{
+	const g4_kvpool *kv = &e->kv;
+	int			n = 0;
+
+	memory_use(out, max, &n, "weights", e->model->weight_bytes);
+	memory_use(out, max, &n, "assistant weights", e->draft.m ? e->draft.m->weight_bytes : 0);
+	memory_use(out, max, &n, "KV pool, sliding layers",
+			   (size_t) kv->n_blocks[G4_KVG_SLIDING] * kv->block_bytes[G4_KVG_SLIDING]);
+	memory_use(out, max, &n, "KV pool, full layers", (size_t) kv->n_blocks[G4_KVG_FULL] * kv->block_bytes[G4_KVG_FULL]);
+	memory_use(out, max, &n, "KV block tables", kv->table_bytes_total);
+	memory_use(out, max, &n, "activations", e->ws.bytes);
+	memory_use(out, max, &n, "assistant activations", e->draft.buffer_bytes);
+	if (e->be->ops->held && n < max)
+	{
+		g4_memory_use u[G4_MEMORY_USES_MAX];
+		int			k = e->be->ops->held(e->be, u, G4_MEMORY_USES_MAX);
+
+		for (int i = 0; i < k; i++)
+			memory_use(out, max, &n, u[i].what, u[i].bytes);
+	}
+	return n;
+}
+
 void
 g4_stats_get(const g4_engine *e, g4_stats *st)
 {
@@ -752,8 +800,7 @@ g4_stats_get(const g4_engine *e, g4_stats *st)
 	st->kv_bytes_total = e->kv.bytes_total;
 	/* the draft model's weights and buffers with the target's */
 	st->weight_bytes = e->model->weight_bytes + (e->draft.m ? e->draft.m->weight_bytes : 0);
-	st->workspace_bytes = e->ws.bytes + e->draft.buffer_bytes +
-		(e->be->ops->held_bytes ? e->be->ops->held_bytes(e->be) : 0);
+	st->workspace_bytes = e->ws.bytes + e->draft.buffer_bytes + g4_backend_held_bytes(e->be);
 	st->live_seqs = 0;
 	st->waiting_seqs = 0;
 	for (i = 0; i < e->n_seqs; i++)

@@ -452,6 +452,21 @@ int			g4_has_work(const g4_engine *e);
 
 void		g4_stats_get(const g4_engine *e, g4_stats *st);
 
+/* One use of the device's memory (host memory on the CPU backend). */
+typedef struct
+{
+	const char *what;			/* static text */
+	size_t		bytes;
+} g4_memory_use;
+
+#define G4_MEMORY_USES_MAX 24
+
+/* Where the memory went: every buffer the engine and its backend hold, by
+ * use (weights, the KV pool's blocks and tables, activations, the
+ * backend's own buffers); uses of 0 bytes left out.  Returns how many,
+ * at most max. */
+int			g4_memory_get(const g4_engine *e, g4_memory_use *out, int max);
+
 /* Per-sequence snapshot; returns how many were written (at most max). */
 int			g4_seqs_get(const g4_engine *e, g4_seq_info *out, int max);
 

@@ -214,6 +214,10 @@ void		g4_forget_slot(g4_engine *e, g4_seq *s);
 /* Free the sliding blocks no query at n_computed or later can see. */
 void		g4_seq_trim_window(g4_engine *e, g4_seq *s);
 
+/* ---- engine.c ---- */
+/* Device memory the backend holds for its own use, all uses together. */
+size_t		g4_backend_held_bytes(g4_backend *be);
+
 /* ---- speculative.c ---- */
 /* Load the draft model named by the options (nothing when none) and size
  * the buffers; called by g4_open after the target and before the pool. */

@@ -185,6 +185,7 @@ g4_kvpool_init(g4_kvpool *p, g4_model *m, int dtype, size_t budget, int max_seqs
 		}
 		p->bytes_total += bytes;
 		p->desc.block_tables[g] = be->ops->alloc(be, table_bytes);
+		p->table_bytes_total += table_bytes;
 		p->tables[g] = g4_malloc(table_bytes);
 		p->free_list[g] = g4_malloc((size_t) G4_MAX(p->n_blocks[g], 1) * sizeof(int32_t));
 		if (!p->desc.block_tables[g] || !p->tables[g] || !p->free_list[g])

@@ -73,7 +73,8 @@ typedef struct
 	size_t		block_bytes[G4_KVG_COUNT];	/* all layers of the group */
 	int32_t    *tables[G4_KVG_COUNT];	/* host mirror [max_seqs][max_blocks_per_seq] */
 	int		   *sliding_first;	/* per slot: first sliding table entry that may be live */
-	size_t		bytes_total;
+	size_t		bytes_total;	/* the blocks */
+	size_t		table_bytes_total;	/* the block tables on the device */
 } g4_kvpool;
 
 /* Bytes per token per layer group (all layers of the group). */

@@ -408,6 +408,53 @@ G4_TEST(engine_kv_accounting)
 	g4_close(e);
 }
 
+/* The memory's uses add up to the stats' weights, pool and workspace, the
+ * block tables aside; a short list keeps the first uses. */
+G4_TEST(engine_memory_uses_add_up)
+{
+	static const char *const expect[] = {"weights", "assistant weights", "KV pool, sliding layers",
+	"KV pool, full layers", "KV block tables", "activations", "assistant activations"};
+	g4_options	o;
+	g4_engine  *e;
+	g4_err		err;
+	g4_stats	st;
+	g4_memory_use u[G4_MEMORY_USES_MAX];
+	char		abuf[4096];
+	size_t		weights = 0,
+				pool = 0,
+				workspace = 0;
+	int			n;
+
+	NEED_MODEL();
+	h_options(&o, model);
+	o.draft_model_path = h_assistant_of(model, abuf, sizeof(abuf));
+	CHECK_MSG(o.draft_model_path, "no assistant beside %s", model);
+	CHECK_OK(g4_open(&o, &e, &err), &err);
+	g4_stats_get(e, &st);
+	n = g4_memory_get(e, u, G4_MEMORY_USES_MAX);
+	/* the CPU backend holds nothing of its own */
+	CHECK_INT(n, (int) G4_ARRAY_LEN(expect));
+	for (int i = 0; i < n; i++)
+	{
+		CHECK_STR(u[i].what, expect[i]);
+		CHECK_MSG(u[i].bytes > 0, "%s: 0 bytes", u[i].what);
+		if (strstr(u[i].what, "weights"))
+			weights += u[i].bytes;
+		else if (strncmp(u[i].what, "KV pool", 7) == 0)
+			pool += u[i].bytes;
+		else if (strstr(u[i].what, "activations"))
+			workspace += u[i].bytes;
+	}
+	CHECK_INT(weights, st.weight_bytes);
+	CHECK_INT(pool, st.kv_bytes_total);
+	CHECK_INT(workspace, st.workspace_bytes);
+	/* block tables: two groups of max_num_seqs rows of a whole window */
+	CHECK_INT(u[4].bytes, 2 * (size_t) o.max_num_seqs * (size_t) (o.max_model_len / G4_KV_BLOCK_TOKENS) * 4);
+	CHECK_INT(g4_memory_get(e, u, 3), 3);
+	CHECK_STR(u[2].what, "KV pool, sliding layers");
+	g4_close(e);
+}
+
 G4_TEST(engine_kv_turboquant_size_ratio)
 {
 	/* bytes per token and head: k8v4 against bf16 at the 12B's widths */
