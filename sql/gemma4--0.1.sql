@@ -261,6 +261,18 @@ LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED ROWS 2;
 
 CREATE VIEW gemma_kv_pool AS SELECT * FROM gemma_kv_pool();
 
+-- where the device's memory went (host memory on the CPU backend): one row
+-- per use, the engine's and its backend's buffers
+CREATE FUNCTION gemma_memory(
+	OUT device text,
+	OUT use text,
+	OUT bytes bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'gemma_memory'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED ROWS 16;
+
+CREATE VIEW gemma_memory AS SELECT * FROM gemma_memory();
+
 CREATE FUNCTION gemma_requests(
 	OUT pid int,
 	OUT request_id bigint,
@@ -282,15 +294,19 @@ CREATE VIEW gemma_requests AS SELECT * FROM gemma_requests();
 
 REVOKE ALL ON FUNCTION gemma_stats() FROM PUBLIC;
 REVOKE ALL ON FUNCTION gemma_kv_pool() FROM PUBLIC;
+REVOKE ALL ON FUNCTION gemma_memory() FROM PUBLIC;
 REVOKE ALL ON FUNCTION gemma_requests() FROM PUBLIC;
 REVOKE ALL ON gemma_stats FROM PUBLIC;
 REVOKE ALL ON gemma_kv_pool FROM PUBLIC;
+REVOKE ALL ON gemma_memory FROM PUBLIC;
 REVOKE ALL ON gemma_requests FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION gemma_stats() TO pg_monitor;
 GRANT EXECUTE ON FUNCTION gemma_kv_pool() TO pg_monitor;
+GRANT EXECUTE ON FUNCTION gemma_memory() TO pg_monitor;
 GRANT EXECUTE ON FUNCTION gemma_requests() TO pg_monitor;
 GRANT SELECT ON gemma_stats TO pg_monitor;
 GRANT SELECT ON gemma_kv_pool TO pg_monitor;
+GRANT SELECT ON gemma_memory TO pg_monitor;
 GRANT SELECT ON gemma_requests TO pg_monitor;
 
 /* The role whose members may use the model (see "Who may use the model"

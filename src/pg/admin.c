@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * admin.c
- *	  Functions behind the admin views gemma_stats, gemma_kv_pool and
- *	  gemma_requests, and gemma_wait_ready().
+ *	  Functions behind the admin views gemma_stats, gemma_kv_pool,
+ *	  gemma_memory and gemma_requests, and gemma_wait_ready().
  *
  * The views read what the supervisor published in shared memory: its own
  * counters (kept across engine restarts), and the statistics the engine
@@ -30,6 +30,7 @@
 
 PG_FUNCTION_INFO_V1(gemma_stats);
 PG_FUNCTION_INFO_V1(gemma_kv_pool);
+PG_FUNCTION_INFO_V1(gemma_memory);
 PG_FUNCTION_INFO_V1(gemma_requests);
 PG_FUNCTION_INFO_V1(gemma_wait_ready);
 
@@ -292,6 +293,30 @@ gemma_kv_pool(PG_FUNCTION_ARGS)
 			nulls[i] = true;
 		i++;
 		Assert(i == GEMMA_KV_POOL_COLS);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+/* One row per use of the device's memory, as the engine last reported. */
+Datum
+gemma_memory(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	G4Snapshot	s;
+
+	take_snapshot(&s);
+	InitMaterializedSRF(fcinfo, 0);
+	if (!s.have_stats)
+		return (Datum) 0;
+	for (int k = 0; k < s.stats.n_memory; k++)
+	{
+		Datum		values[3];
+		bool		nulls[3] = {false, false, false};
+
+		values[0] = CStringGetTextDatum(s.stats.device);
+		values[1] = CStringGetTextDatum(s.stats.memory[k].what);
+		values[2] = Int64GetDatum((int64) s.stats.memory[k].bytes);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;

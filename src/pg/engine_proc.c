@@ -95,6 +95,7 @@ typedef struct EngineApi
 	int			(*step) (g4_engine *e, g4_event_fn fn, void *ctx, g4_err *err);
 	int			(*has_work) (const g4_engine *e);
 	void		(*stats_get) (const g4_engine *e, g4_stats *st);
+	int			(*memory_get) (const g4_engine *e, g4_memory_use *out, int max);
 	int			(*seqs_get) (const g4_engine *e, g4_seq_info *out, int max);
 	const char *(*version) (void);
 } EngineApi;
@@ -405,6 +406,7 @@ load_engine(EngineProc *ep, const G4EngineConfig *cfg)
 	RESOLVE(step, "g4_step");
 	RESOLVE(has_work, "g4_has_work");
 	RESOLVE(stats_get, "g4_stats_get");
+	RESOLVE(memory_get, "g4_memory_get");
 	RESOLVE(seqs_get, "g4_seqs_get");
 	RESOLVE(version, "g4_version");
 #undef RESOLVE
@@ -1152,6 +1154,17 @@ send_stats(EngineProc *ep)
 	StaticAssertStmt(G4_WIRE_SPEC_POSITIONS == G4_SPEC_MAX_TOKENS, "draft positions differ");
 	memcpy(w.spec_pos_drafted, st.spec_pos_drafted, sizeof(w.spec_pos_drafted));
 	memcpy(w.spec_pos_accepted, st.spec_pos_accepted, sizeof(w.spec_pos_accepted));
+	{
+		g4_memory_use uses[G4_WIRE_MEMORY_USES];
+
+		StaticAssertStmt(G4_WIRE_MEMORY_USES == G4_MEMORY_USES_MAX, "memory uses differ");
+		w.n_memory = ep->api.memory_get(ep->e, uses, G4_WIRE_MEMORY_USES);
+		for (i = 0; i < w.n_memory; i++)
+		{
+			copy_str(w.memory[i].what, sizeof(w.memory[i].what), uses[i].what);
+			w.memory[i].bytes = uses[i].bytes;
+		}
+	}
 	w.n_seqs = n;
 	for (i = 0; i < n; i++)
 	{

@@ -222,6 +222,16 @@ typedef struct G4WireKvGroup
  * (engine_proc.c checks that they agree). */
 #define G4_WIRE_SPEC_POSITIONS 16
 
+/* Uses of the device's memory (g4_memory_get): the engine's
+ * G4_MEMORY_USES_MAX (engine_proc.c checks that they agree). */
+#define G4_WIRE_MEMORY_USES 24
+
+typedef struct G4WireMemoryUse
+{
+	char		what[48];
+	uint64		bytes;
+} G4WireMemoryUse;
+
 /* Engine statistics (g4_stats_get) with the strings copied in. */
 typedef struct G4WireStats
 {
@@ -259,6 +269,9 @@ typedef struct G4WireStats
 	uint64		spec_verify_steps;
 	uint64		spec_pos_drafted[G4_WIRE_SPEC_POSITIONS];
 	uint64		spec_pos_accepted[G4_WIRE_SPEC_POSITIONS];
+	/* where the memory went */
+	int32		n_memory;
+	G4WireMemoryUse memory[G4_WIRE_MEMORY_USES];
 } G4WireStats;
 
 /* One live sequence (g4_seqs_get), durations already computed. */

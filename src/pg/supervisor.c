@@ -928,13 +928,16 @@ handle_frame(uint32 type, const char *body, size_t len)
 					return false;
 				/* the views index and print these: an engine that lost
 				 * its way must not take a backend down with it */
-				if (st.n_groups < 0 || st.n_groups > (int32) lengthof(st.groups))
+				if (st.n_groups < 0 || st.n_groups > (int32) lengthof(st.groups) ||
+					st.n_memory < 0 || st.n_memory > (int32) lengthof(st.memory))
 					return false;
 				st.backend[sizeof(st.backend) - 1] = '\0';
 				st.device[sizeof(st.device) - 1] = '\0';
 				st.kv_dtype[sizeof(st.kv_dtype) - 1] = '\0';
 				for (int g = 0; g < st.n_groups; g++)
 					st.groups[g].name[sizeof(st.groups[g].name) - 1] = '\0';
+				for (int k = 0; k < st.n_memory; k++)
+					st.memory[k].what[sizeof(st.memory[k].what) - 1] = '\0';
 				publish_stats(&st, body + sizeof(st), st.n_seqs);
 				return true;
 			}

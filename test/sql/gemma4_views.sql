@@ -4,8 +4,19 @@ SELECT kv_group, layers, block_tokens, blocks_total > 0 AS has_blocks, blocks_us
        bytes > 0 AS has_bytes, bytes_used, sequences_live, full_window_fits > 0 AS fits
 FROM gemma_kv_pool ORDER BY kv_group;
 
+-- where the memory went: one row per use, adding up to gemma_stats' figures
+SELECT use, bytes > 0 AS has_bytes FROM gemma_memory;
+SELECT (SELECT sum(bytes) FROM gemma_memory WHERE use LIKE '%weights') = weight_bytes AS weights_add_up,
+       (SELECT sum(bytes) FROM gemma_memory WHERE use LIKE 'KV pool%') = kv_bytes AS pool_adds_up,
+       (SELECT sum(bytes) FROM gemma_memory WHERE use NOT LIKE '%weights' AND use NOT LIKE 'KV %') = workspace_bytes
+         AS workspace_adds_up,
+       (SELECT count(DISTINCT device) FROM gemma_memory) = 1 AS one_device
+FROM gemma_stats;
+
 SELECT attname, format_type(atttypid, atttypmod)
 FROM pg_attribute WHERE attrelid = 'gemma_requests'::regclass AND attnum > 0 ORDER BY attnum;
+SELECT attname, format_type(atttypid, atttypmod)
+FROM pg_attribute WHERE attrelid = 'gemma_memory'::regclass AND attnum > 0 ORDER BY attnum;
 SELECT attname, format_type(atttypid, atttypmod)
 FROM pg_attribute WHERE attrelid = 'gemma_kv_pool'::regclass AND attnum > 0 ORDER BY attnum;
 SELECT attname, format_type(atttypid, atttypmod)
@@ -47,12 +58,14 @@ CREATE ROLE regress_g4_monitor IN ROLE pg_monitor;
 SET ROLE regress_g4_plain;
 SELECT * FROM gemma_stats;
 SELECT * FROM gemma_kv_pool;
+SELECT * FROM gemma_memory;
 SELECT * FROM gemma_requests;
 SELECT * FROM gemma_stats();
 SELECT gemma_generate('Hello world', max_tokens => 4) IS NOT NULL AS can_generate;
 SET ROLE regress_g4_monitor;
 SELECT worker_state FROM gemma_stats;
 SELECT count(*) AS pool_groups FROM gemma_kv_pool;
+SELECT count(*) > 0 AS memory_uses FROM gemma_memory;
 SELECT count(*) AS requests FROM gemma_requests;
 RESET ROLE;
 DROP ROLE regress_g4_plain;
