@@ -20,6 +20,9 @@ gemma4.max_requests_per_role = 512"}
 # shellcheck source=test/gpu/pg-server.sh
 source "$(dirname "$0")/pg-server.sh"
 psqlc -c "SELECT backend, device, kv_cache_dtype, pg_size_pretty(weight_bytes), pg_size_pretty(kv_bytes) FROM gemma_stats"
+# where the memory went, before the load and after it (nothing should grow)
+memory() { psqlc -c "SELECT string_agg(use || ' ' || bytes, '; ') FROM gemma_memory"; }
+echo "memory at start: $(memory)"
 cat > "$work/gen.sql" <<'SQL'
 SELECT gemma_complete('The quick brown fox jumps over the lazy dog because', max_tokens => 128);
 SQL
@@ -37,3 +40,4 @@ for clients in ${CLIENTS:-16 64 256}; do
 
 done
 psqlc -c "SELECT requests, errors, tokens_out, steps, round(mean_batch_size::numeric,1), max_batch_size FROM gemma_stats"
+echo "memory at end: $(memory)"
