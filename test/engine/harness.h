@@ -16,6 +16,18 @@ const char *h_fixture_model(void);
  * (gemma4-make-model --assistant): its path in buf, or NULL when absent. */
 const char *h_assistant_of(const char *model, char *buf, size_t len);
 
+/* In a CUDA test (test.h's G4_SKIP): skip without a device, the fixture
+ * model or its assistant, whose path goes into the array abuf. */
+#define H_NEED_CUDA_AND_ASSISTANT(model, abuf) \
+	do { \
+		if (!g4_backend_cuda_available()) \
+			G4_SKIP("no CUDA device"); \
+		if (!(model)) \
+			G4_SKIP("G4_FIXTURE_MODEL not set"); \
+		if (!h_assistant_of((model), (abuf), sizeof(abuf))) \
+			G4_SKIP("no assistant beside the fixture (gemma4-make-model --preset tiny --assistant)"); \
+	} while (0)
+
 /* Engine options for tests: CPU backend, f32 KV, small pool. */
 void		h_options(g4_options *o, const char *model);
 

@@ -61,12 +61,7 @@ G4_TEST(gpu_backend_buffers_do_not_grow_while_serving)
 	char		assistant[4200];
 	g4_err		err;
 
-	if (!g4_backend_cuda_available())
-		G4_SKIP("no CUDA device");
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set");
-	if (!h_assistant_of(model, assistant, sizeof(assistant)))
-		G4_SKIP("no assistant beside the fixture (gemma4-make-model --preset tiny --assistant)");
+	H_NEED_CUDA_AND_ASSISTANT(model, assistant);
 	for (int dtype = G4_KV_F32; dtype <= G4_KV_TURBOQUANT_K8V4; dtype++)
 	{
 		g4_options	o;

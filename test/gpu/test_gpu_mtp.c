@@ -128,12 +128,7 @@ G4_TEST(gpu_mtp_greedy_with_drafting_matches)
 	g4_err		err;
 	int			dtype;
 
-	if (!g4_backend_cuda_available())
-		G4_SKIP("no CUDA device");
-	if (!model)
-		G4_SKIP("G4_FIXTURE_MODEL not set");
-	if (!h_assistant_of(model, assistant, sizeof(assistant)))
-		G4_SKIP("no assistant beside the fixture (gemma4-make-model --preset tiny --assistant)");
+	H_NEED_CUDA_AND_ASSISTANT(model, assistant);
 	CHECK_MSG(h_golden_load("model-tiny", &G, why, sizeof(why)) == 0, "golden: %s", why);
 	for (dtype = G4_KV_F32; dtype <= G4_KV_TURBOQUANT_K8V4; dtype++)
 	{
