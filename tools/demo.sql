@@ -62,3 +62,4 @@ SELECT kv_group, kv_cache_dtype, layers, blocks_total, blocks_used, pg_size_pret
        sequences_live, full_window_fits FROM gemma_kv_pool;
 SELECT requests, finished, errors, tokens_in, tokens_out, steps,
        round(mean_batch_size::numeric, 2) AS mean_batch, max_batch_size FROM gemma_stats;
+SELECT use, pg_size_pretty(bytes) AS size FROM gemma_memory;
