@@ -138,6 +138,43 @@ parse_layer_types(const g4j *text, g4_model_config *c, int default_pattern, g4_e
 	return G4_OK;
 }
 
+/* The text config's defaults where the two families differ. */
+typedef struct
+{
+	int			vocab_size;
+	int			n_layers;
+	int			sliding_window;
+	int			max_position;
+} text_defaults;
+
+/* What a Gemma 3 and a Gemma 4 text config share: sizes, window, norm
+ * epsilon, context, the layers and their attention kinds. */
+static int
+parse_text_common(const g4j *text, g4_model_config *c, const text_defaults *d, g4_err *err)
+{
+	c->vocab_size = cfg_int(text, "vocab_size", d->vocab_size);
+	c->hidden_size = cfg_int(text, "hidden_size", 2304);
+	c->intermediate_size = cfg_int(text, "intermediate_size", 9216);
+	c->n_layers = cfg_int(text, "num_hidden_layers", d->n_layers);
+	c->n_heads = cfg_int(text, "num_attention_heads", 8);
+	c->sliding_window = cfg_int(text, "sliding_window", d->sliding_window);
+	c->rms_eps = g4j_get_num(text, "rms_norm_eps", 1e-6);
+	c->max_position = cfg_int(text, "max_position_embeddings", d->max_position);
+	if (c->n_layers <= 0 || c->n_layers > G4_MAX_LAYERS)
+		return g4_fail(err, G4_ERR_FORMAT, "config.json: num_hidden_layers = %d is out of range (1..%d)",
+					   c->n_layers, G4_MAX_LAYERS);
+	{
+		/* an assistant's layers all read the target's K/V (0 means all) */
+		int64_t		shared = g4j_get_int(text, "num_kv_shared_layers", 0);
+
+		if (c->assistant && shared != 0 && shared != c->n_layers)
+			return g4_fail(err, G4_ERR_UNSUPPORTED,
+						   "config.json: an assistant with %lld of %d layers KV-shared is not supported (all must be)",
+						   (long long) shared, c->n_layers);
+	}
+	return parse_layer_types(text, c, 6, err);
+}
+
 static int
 parse_gemma4_text(const g4j *text, g4_model_config *c, g4_err *err)
 {
@@ -162,28 +199,12 @@ parse_gemma4_text(const g4j *text, g4_model_config *c, g4_err *err)
 			(use_bidi && strcmp(use_bidi, "vision") == 0);
 	}
 
-	c->vocab_size = cfg_int(text, "vocab_size", 262144);
-	c->hidden_size = cfg_int(text, "hidden_size", 2304);
-	c->intermediate_size = cfg_int(text, "intermediate_size", 9216);
-	c->n_layers = cfg_int(text, "num_hidden_layers", 30);
-	c->n_heads = cfg_int(text, "num_attention_heads", 8);
-	c->sliding_window = cfg_int(text, "sliding_window", 1024);
-	c->rms_eps = g4j_get_num(text, "rms_norm_eps", 1e-6);
-	c->max_position = cfg_int(text, "max_position_embeddings", 262144);
-	if (c->n_layers <= 0 || c->n_layers > G4_MAX_LAYERS)
-		return g4_fail(err, G4_ERR_FORMAT, "config.json: num_hidden_layers = %d is out of range (1..%d)",
-					   c->n_layers, G4_MAX_LAYERS);
 	{
-		/* an assistant's layers all read the target's K/V (0 means all) */
-		int64_t		shared = g4j_get_int(text, "num_kv_shared_layers", 0);
+		const text_defaults d = {262144, 30, 1024, 262144};
 
-		if (c->assistant && shared != 0 && shared != c->n_layers)
-			return g4_fail(err, G4_ERR_UNSUPPORTED,
-						   "config.json: an assistant with %lld of %d layers KV-shared is not supported (all must be)",
-						   (long long) shared, c->n_layers);
+		if (parse_text_common(text, c, &d, err) != G4_OK)
+			return err->code;
 	}
-	if (parse_layer_types(text, c, 6, err) != G4_OK)
-		return err->code;
 	/* the last layer is always full attention (transformers forces it) */
 	c->layer_full[c->n_layers - 1] = 1;
 
@@ -277,28 +298,12 @@ parse_gemma3_text(const g4j *text, g4_model_config *c, g4_err *err)
 	const g4j  *rp;
 
 	c->family = G4_FAMILY_GEMMA3;
-	c->vocab_size = cfg_int(text, "vocab_size", 262208);
-	c->hidden_size = cfg_int(text, "hidden_size", 2304);
-	c->intermediate_size = cfg_int(text, "intermediate_size", 9216);
-	c->n_layers = cfg_int(text, "num_hidden_layers", 26);
-	c->n_heads = cfg_int(text, "num_attention_heads", 8);
-	c->sliding_window = cfg_int(text, "sliding_window", 4096);
-	c->rms_eps = g4j_get_num(text, "rms_norm_eps", 1e-6);
-	c->max_position = cfg_int(text, "max_position_embeddings", 131072);
-	if (c->n_layers <= 0 || c->n_layers > G4_MAX_LAYERS)
-		return g4_fail(err, G4_ERR_FORMAT, "config.json: num_hidden_layers = %d is out of range (1..%d)",
-					   c->n_layers, G4_MAX_LAYERS);
 	{
-		/* an assistant's layers all read the target's K/V (0 means all) */
-		int64_t		shared = g4j_get_int(text, "num_kv_shared_layers", 0);
+		const text_defaults d = {262208, 26, 4096, 131072};
 
-		if (c->assistant && shared != 0 && shared != c->n_layers)
-			return g4_fail(err, G4_ERR_UNSUPPORTED,
-						   "config.json: an assistant with %lld of %d layers KV-shared is not supported (all must be)",
-						   (long long) shared, c->n_layers);
+		if (parse_text_common(text, c, &d, err) != G4_OK)
+			return err->code;
 	}
-	if (parse_layer_types(text, c, 6, err) != G4_OK)
-		return err->code;
 	c->attn[0].head_dim = c->attn[1].head_dim = cfg_int(text, "head_dim", 256);
 	c->attn[0].n_kv_heads = c->attn[1].n_kv_heads = cfg_int(text, "num_key_value_heads", 4);
 	c->attn[0].rope_theta = g4j_get_num(text, "rope_local_base_freq", 10000.0);

@@ -1,10 +1,14 @@
 /*
  * test_load.c — opening models: every way a model directory can be wrong
  * produces an error that names the problem; the bf16 (dense) checkpoint
- * form loads and matches transformers like the int4 one.
+ * form loads and matches transformers like the int4 one; each family's
+ * config defaults.
  */
+#include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "harness.h"
 #include "test.h"
 
@@ -171,4 +175,55 @@ G4_TEST(load_dense_bf16_checkpoint_matches_transformers)
 	}
 	g4_close(e);
 	h_golden_free(&G);
+}
+
+/* A text config.json naming only its type and layer count. */
+static void
+write_min_config(const char *dir, const char *model_type, int layers)
+{
+	char		path[4200];
+	FILE	   *f;
+
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	f = fopen(path, "w");
+	if (!f)
+		return;
+	fprintf(f, "{\"model_type\": \"%s\", \"num_hidden_layers\": %d}\n", model_type, layers);
+	fclose(f);
+}
+
+/* What each family's parser assumes where its config.json is silent, and
+ * a layer count out of range refused. */
+G4_TEST(config_defaults_by_family)
+{
+	static const struct
+	{
+		const char *type;
+		int			vocab,
+					window,
+					max_position;
+	}			fam[] = {{"gemma3_text", 262208, 4096, 131072}, {"gemma4_text", 262144, 1024, 262144}};
+	char		dir[4096];
+	g4_err		err;
+
+	snprintf(dir, sizeof(dir), "%s/config-defaults", g4_test_tmpdir());
+	CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
+	for (size_t i = 0; i < G4_ARRAY_LEN(fam); i++)
+	{
+		g4_model_config c;
+
+		write_min_config(dir, fam[i].type, 12);
+		CHECK_OK(g4_config_load_hf(dir, &c, &err), &err);
+		CHECK_INT(c.vocab_size, fam[i].vocab);
+		CHECK_INT(c.sliding_window, fam[i].window);
+		CHECK_INT(c.max_position, fam[i].max_position);
+		CHECK_INT(c.n_layers, 12);
+		CHECK_INT(c.hidden_size, 2304);
+		/* every sixth layer full */
+		for (int l = 0; l < 12; l++)
+			CHECK_INT(c.layer_full[l], (l + 1) % 6 == 0);
+	}
+	write_min_config(dir, "gemma3_text", 0);
+	CHECK_INT(g4_config_load_hf(dir, &(g4_model_config) {0}, &err), G4_ERR_FORMAT);
+	CHECK_MSG(strstr(err.msg, "num_hidden_layers = 0 is out of range"), "%s", err.msg);
 }
