@@ -392,15 +392,30 @@ parse_quantization(const g4j *root, g4_model_config *c, g4_err *err)
 	return G4_OK;
 }
 
+/* The parsed JSON of a file, errors prefixed with its path; NULL after
+ * recording why. */
+static g4j_doc *
+load_json(const char *path, g4_err *err)
+{
+	char	   *text = NULL;
+	size_t		len;
+	g4j_doc    *doc;
+
+	if (g4_read_file(path, &text, &len, err) != G4_OK)
+		return NULL;
+	doc = g4j_parse(text, len, err);
+	free(text);
+	if (!doc)
+		g4_fail_ctx(err, "%s", path);
+	return doc;
+}
+
 static int
 load_generation_config(const char *dir, g4_model_config *c, g4_err *err)
 {
 	char	   *path = g4_path_join(dir, "generation_config.json");
-	char	   *text = NULL;
-	size_t		len;
 	g4j_doc    *doc;
 	const g4j  *r;
-	int			rc;
 
 	if (!path)
 		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
@@ -409,21 +424,10 @@ load_generation_config(const char *dir, g4_model_config *c, g4_err *err)
 		free(path);
 		return G4_OK;
 	}
-	rc = g4_read_file(path, &text, &len, err);
-	if (rc != G4_OK)
-	{
-		free(path);
-		return rc;
-	}
-	doc = g4j_parse(text, len, err);
-	free(text);
-	if (!doc)
-	{
-		g4_fail_ctx(err, "%s", path);
-		free(path);
-		return err->code;
-	}
+	doc = load_json(path, err);
 	free(path);
+	if (!doc)
+		return err->code;
 	r = g4j_root(doc);
 	if (g4j_get(r, "eos_token_id"))
 		c->n_eos = read_ids(g4j_get(r, "eos_token_id"), c->eos_ids, G4_MAX_EOS);
@@ -456,8 +460,6 @@ static int
 load_hf(const char *dir, g4_model_config *c, int assistant, g4_err *err)
 {
 	char	   *path = g4_path_join(dir, "config.json");
-	char	   *text = NULL;
-	size_t		len;
 	g4j_doc    *doc;
 	const g4j  *root;
 	const g4j  *text_cfg;
@@ -474,21 +476,10 @@ load_hf(const char *dir, g4_model_config *c, int assistant, g4_err *err)
 		free(path);
 		return rc;
 	}
-	rc = g4_read_file(path, &text, &len, err);
-	if (rc != G4_OK)
-	{
-		free(path);
-		return rc;
-	}
-	doc = g4j_parse(text, len, err);
-	free(text);
-	if (!doc)
-	{
-		g4_fail_ctx(err, "%s", path);
-		free(path);
-		return err->code;
-	}
+	doc = load_json(path, err);
 	free(path);
+	if (!doc)
+		return err->code;
 	root = g4j_root(doc);
 	mt = g4j_get_str(root, "model_type");
 	arch = g4j_str(g4j_at(g4j_get(root, "architectures"), 0));
