@@ -159,6 +159,36 @@ kv_budget(g4_engine *e)
 	}
 }
 
+/* The step's metadata and sampling arrays, sized for the largest step
+ * (g4_close frees them). */
+static int
+step_arrays_alloc(g4_engine *e, g4_err *err)
+{
+	size_t		T = (size_t) e->max_batched;
+	const g4_model_config *c = &e->model->cfg;
+	int			g;
+
+	e->st_token = g4_malloc(T * sizeof(int32_t));
+	e->st_pos = g4_malloc(T * sizeof(int32_t));
+	e->st_slot = g4_malloc(T * sizeof(int32_t));
+	for (g = 0; g < G4_KVG_COUNT; g++)
+	{
+		e->st_lo[g] = g4_malloc(T * sizeof(int32_t));
+		e->st_hi[g] = g4_malloc(T * sizeof(int32_t));
+	}
+	e->st_logit_rows = g4_malloc((size_t) e->max_logits * sizeof(int32_t));
+	e->st_logit_seq = g4_malloc((size_t) e->max_logits * sizeof(g4_seq *));
+	e->st_ids = g4_malloc((size_t) e->max_logits * sizeof(int32_t));
+	e->st_samp = g4_malloc((size_t) e->max_logits * sizeof(g4_row_sampling));
+	e->logits_host = g4_malloc((size_t) e->max_logits * (size_t) c->vocab_size * sizeof(float));
+	e->slot_used = g4_calloc((size_t) e->max_seqs, 1);
+	if (!e->st_token || !e->st_pos || !e->st_slot || !e->st_lo[0] || !e->st_lo[1] || !e->st_hi[0] ||
+		!e->st_hi[1] || !e->st_logit_rows || !e->st_logit_seq || !e->st_ids || !e->st_samp || !e->logits_host ||
+		!e->slot_used)
+		return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+	return G4_OK;
+}
+
 int
 g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
 {
@@ -227,34 +257,12 @@ g4_open(const g4_options *opts, g4_engine **out, g4_err *err)
 	if (rc == G4_OK)
 		rc = g4_workspace_init(e->model, e->max_batched, e->max_logits, &e->ws, err);
 	if (rc == G4_OK)
+		rc = step_arrays_alloc(e, err);
+	if (rc == G4_OK)
 		rc = g4_dry_steps(e, err);	/* the backend's buffers, before the pool */
 	if (rc == G4_OK)
 		rc = g4_kvpool_init(&e->kv, e->model, opts->kv_dtype, kv_budget(e), e->max_seqs, e->max_model_len,
 							e->max_batched, opts->enable_prefix_caching != 0, err);
-	if (rc == G4_OK)
-	{
-		size_t		T = (size_t) e->max_batched;
-
-		e->st_token = g4_malloc(T * sizeof(int32_t));
-		e->st_pos = g4_malloc(T * sizeof(int32_t));
-		e->st_slot = g4_malloc(T * sizeof(int32_t));
-		for (g = 0; g < G4_KVG_COUNT; g++)
-		{
-			e->st_lo[g] = g4_malloc(T * sizeof(int32_t));
-			e->st_hi[g] = g4_malloc(T * sizeof(int32_t));
-		}
-		e->st_logit_rows = g4_malloc((size_t) e->max_logits * sizeof(int32_t));
-		e->st_logit_seq = g4_malloc((size_t) e->max_logits * sizeof(g4_seq *));
-		e->st_ids = g4_malloc((size_t) e->max_logits * sizeof(int32_t));
-		e->st_samp = g4_malloc((size_t) e->max_logits * sizeof(g4_row_sampling));
-		e->logits_host = g4_malloc((size_t) e->max_logits * (size_t) c->vocab_size * sizeof(float));
-		e->slot_used = g4_calloc((size_t) e->max_seqs, 1);
-		if (!e->st_token || !e->st_pos || !e->st_slot || !e->st_lo[0] || !e->st_lo[1] || !e->st_hi[0] ||
-			!e->st_hi[1] || !e->st_logit_rows || !e->st_logit_seq || !e->st_ids || !e->st_samp ||
-			!e->logits_host ||
-			!e->slot_used)
-			rc = g4_fail(err, G4_ERR_NOMEM, "out of memory");
-	}
 	if (rc != G4_OK)
 	{
 		g4_close(e);

@@ -202,6 +202,9 @@ typedef struct
 /* Choose this step's work, admitting and preempting as needed, and allocate
  * the KV blocks it writes. */
 int			g4_schedule_step(g4_engine *e, g4_schedule *sc, g4_event_fn fn, void *ctx, g4_err *err);
+/* The step metadata over the engine's step arrays (st_*), their first
+ * n_tokens rows and n_logits logits rows. */
+void		g4_step_meta_view(const g4_engine *e, int n_tokens, int n_logits, g4_step_meta *meta);
 /* Fill the step metadata arrays for a schedule. */
 int			g4_schedule_meta(g4_engine *e, const g4_schedule *sc, g4_step_meta *meta,
 							 g4_embed_rows *extra, g4_err *err);

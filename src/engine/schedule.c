@@ -421,6 +421,23 @@ ensure_embed_cap(g4_engine *e, int n)
 	return G4_OK;
 }
 
+void
+g4_step_meta_view(const g4_engine *e, int n_tokens, int n_logits, g4_step_meta *meta)
+{
+	memset(meta, 0, sizeof(*meta));
+	meta->n_tokens = n_tokens;
+	meta->token = e->st_token;
+	meta->pos = e->st_pos;
+	meta->slot = e->st_slot;
+	for (int g = 0; g < G4_KVG_COUNT; g++)
+	{
+		meta->lo[g] = e->st_lo[g];
+		meta->hi[g] = e->st_hi[g];
+	}
+	meta->n_logits = n_logits;
+	meta->logit_rows = e->st_logit_rows;
+}
+
 int
 g4_schedule_meta(g4_engine *e, const g4_schedule *sc, g4_step_meta *meta, g4_embed_rows *extra, g4_err *err)
 {
@@ -522,18 +539,7 @@ g4_schedule_meta(g4_engine *e, const g4_schedule *sc, g4_step_meta *meta, g4_emb
 			}
 		}
 	}
-	memset(meta, 0, sizeof(*meta));
-	meta->n_tokens = row;
-	meta->token = e->st_token;
-	meta->pos = e->st_pos;
-	meta->slot = e->st_slot;
-	for (k = 0; k < G4_KVG_COUNT; k++)
-	{
-		meta->lo[k] = e->st_lo[k];
-		meta->hi[k] = e->st_hi[k];
-	}
-	meta->n_logits = n_logit;
-	meta->logit_rows = e->st_logit_rows;
+	g4_step_meta_view(e, row, n_logit, meta);
 	extra->n = n_extra;
 	extra->row_index = e->st_embed_index;
 	extra->rows = e->st_embed_rows;
