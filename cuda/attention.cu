@@ -1017,8 +1017,13 @@ attention_launch(g4_cuda *c, const g4_kv_layer *L, int n, const attn_choice *ch,
 											   ch->min_keys));
 		}
 	}
-	if (c->dry && split_partial_bound(c, ch, hd) > 0 && !g4c_scratch(c, split_partial_bound(c, ch, hd)))
-		return c->err_code;
+	if (c->dry)
+	{
+		size_t		bound = split_partial_bound(c, ch, hd);
+
+		if (bound > 0 && !g4c_scratch(c, bound))
+			return c->err_code;
+	}
 	if (a->S > 1)
 	{
 		a->partial = (float *) g4c_scratch(c, (size_t) groups * a->S * ch->rows * (hd + 2) * sizeof(float));
