@@ -444,18 +444,6 @@ load_engine(EngineProc *ep, const G4EngineConfig *cfg)
 	ready.n_layers = mi.n_layers;
 	ready.max_model_len = mi.max_model_len;
 	ready.n_params = mi.n_params;
-	{
-		g4_stats	st;
-
-		ep->api.stats_get(ep->e, &st);
-		copy_str(ready.backend, sizeof(ready.backend), st.backend);
-		copy_str(ready.device, sizeof(ready.device), st.device);
-		copy_str(ready.kv_dtype, sizeof(ready.kv_dtype), st.kv_dtype);
-		ready.weight_bytes = (int64) st.weight_bytes;
-		ready.kv_bytes = (int64) st.kv_bytes_total;
-		ready.workspace_bytes = (int64) st.workspace_bytes;
-		ready.fit_full_context = st.fit_full_context;
-	}
 	start_preparation(ep, cfg->prepare_threads);
 	if (!g4p_put_frame(&ep->out, G4F_READY, &ready, sizeof(ready), NULL, 0))
 		out_of_memory(ep);

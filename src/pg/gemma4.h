@@ -194,14 +194,6 @@ typedef struct G4WireReady
 	int32		n_layers;
 	int32		max_model_len;
 	int64		n_params;
-	/* where the device memory went, for the log */
-	char		backend[16];
-	char		device[96];
-	char		kv_dtype[24];
-	int64		weight_bytes;
-	int64		kv_bytes;
-	int64		workspace_bytes;
-	int64		fit_full_context;	/* sequences of the whole window the pool holds */
 } G4WireReady;
 
 typedef struct G4WireKvGroup

@@ -120,6 +120,9 @@ static bool engine_abandoned = false;
 static bool waiting_for_reload = false;
 static TimestampTz restart_at = 0;
 static int	restart_delay_ms = RESTART_DELAY_MIN_MS;
+/* the ready model, logged with the first statistics after it */
+static G4WireReady ready_model;
+static bool ready_unlogged = false;
 /* when the job launcher was last started (job.c) */
 static TimestampTz jobs_checked_at = 0;
 
@@ -158,6 +161,7 @@ static void cancel_request(SupRequest *q);
 static void release_request(SupRequest *q);
 static void free_slot(int i, uint64 request_id);
 static void publish_stats(const G4WireStats *st, const char *seqs, int n);
+static void log_ready(const G4WireReady *r, const G4WireStats *st);
 static void fold_engine_stats(void);
 static void bump(uint64 *counter);
 static void watch_engine(void);
@@ -413,6 +417,7 @@ start_engine(void)
 	engine_pid = pid;
 	engine_sock = sv[0];
 	engine_ready = false;
+	ready_unlogged = false;
 	engine_killed_at = 0;
 	engine_abandoned = false;
 	engine_load_failed = false;
@@ -815,23 +820,16 @@ handle_frame(uint32 type, const char *body, size_t len)
 				r.architecture[sizeof(r.architecture) - 1] = '\0';
 				r.family[sizeof(r.family) - 1] = '\0';
 				r.version[sizeof(r.version) - 1] = '\0';
-				r.backend[sizeof(r.backend) - 1] = '\0';
-				r.device[sizeof(r.device) - 1] = '\0';
-				r.kv_dtype[sizeof(r.kv_dtype) - 1] = '\0';
 				LWLockAcquire(g4_shared->lock, LW_EXCLUSIVE);
 				g4_shared->model = r;
 				LWLockRelease(g4_shared->lock);
 				engine_ready = true;
 				engine_ready_at = GetCurrentTimestamp();
 				g4_set_state(G4W_READY, NULL, NULL);
-				ereport(LOG,
-						(errmsg("gemma4 model ready: %s (%s, %d layers, %.2f billion parameters, window %d tokens), engine %s",
-								r.architecture, r.family, r.n_layers, (double) r.n_params / 1e9,
-								r.max_model_len, r.version),
-						 errdetail("%s backend on %s: weights %.1f MiB, KV pool %.1f MiB (%s, %lld sequences of the whole window), workspace %.1f MiB.",
-								   r.backend, r.device, (double) r.weight_bytes / 1048576.0,
-								   (double) r.kv_bytes / 1048576.0, r.kv_dtype, (long long) r.fit_full_context,
-								   (double) r.workspace_bytes / 1048576.0)));
+				/* logged with the memory budget of the statistics that
+				 * follow at once */
+				ready_model = r;
+				ready_unlogged = true;
 				return true;
 			}
 		case G4F_LOAD_FAILED:
@@ -939,6 +937,11 @@ handle_frame(uint32 type, const char *body, size_t len)
 				for (int k = 0; k < st.n_memory; k++)
 					st.memory[k].what[sizeof(st.memory[k].what) - 1] = '\0';
 				publish_stats(&st, body + sizeof(st), st.n_seqs);
+				if (ready_unlogged)
+				{
+					log_ready(&ready_model, &st);
+					ready_unlogged = false;
+				}
 				return true;
 			}
 		case G4F_HEARTBEAT:
@@ -1304,6 +1307,20 @@ publish_stats(const G4WireStats *st, const char *seqs, int n)
 	memcpy(g4_shared->seqs, seqs, (size_t) n * sizeof(G4WireSeq));
 	g4_shared->n_seqs = n;
 	LWLockRelease(g4_shared->lock);
+}
+
+/* The model's line in the log, with where the device memory went. */
+static void
+log_ready(const G4WireReady *r, const G4WireStats *st)
+{
+	ereport(LOG,
+			(errmsg("gemma4 model ready: %s (%s, %d layers, %.2f billion parameters, window %d tokens), engine %s",
+					r->architecture, r->family, r->n_layers, (double) r->n_params / 1e9, r->max_model_len,
+					r->version),
+			 errdetail("%s backend on %s: weights %.1f MiB, KV pool %.1f MiB (%s, %lld sequences of the whole window), workspace %.1f MiB.",
+					   st->backend, st->device, (double) st->weight_bytes / 1048576.0,
+					   (double) st->kv_bytes_total / 1048576.0, st->kv_dtype, (long long) st->fit_full_context,
+					   (double) st->workspace_bytes / 1048576.0)));
 }
 
 static void
