@@ -1004,7 +1004,8 @@ main(int argc, char **argv)
 	}
 	if (g4_backend_cuda_create(0, &be, &err) != G4_OK)
 		die(&err, "cuda");
-	/* a 40 GB pool for the throughput runs; capacity re-sizes it */
+	/* an 80 GiB pool, or what the device leaves, for the throughput runs;
+	 * capacity re-sizes it */
 	if (drv_open(&D, model, be, kv_dtype, (size_t) 80 << 30, MAX_SEQS, MAX_LEN, MAX_TOKENS, &err) != G4_OK)
 		die(&err, "open");
 	be->ops->device_info(be, name, sizeof(name), &free_b, &total);

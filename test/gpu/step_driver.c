@@ -31,7 +31,6 @@ drv_open(drv *d, const char *path, g4_backend *be, int kv_dtype, size_t kv_bytes
 	rc = g4_workspace_init(d->m, max_tokens, max_seqs, &d->ws, err);
 	if (rc != G4_OK)
 		return rc;
-	if (kv_bytes == 0)
 	{
 		char		name[128];
 		size_t		free_b = 0,
@@ -40,7 +39,8 @@ drv_open(drv *d, const char *path, g4_backend *be, int kv_dtype, size_t kv_bytes
 
 		be->ops->device_info(be, name, sizeof(name), &free_b, &total);
 		left = 0.95 * (double) total - (double) (total - free_b) - (double) RESERVE;
-		kv_bytes = left > 0 ? (size_t) left : 0;
+		if (kv_bytes == 0 || (double) kv_bytes > left)
+			kv_bytes = left > 0 ? (size_t) left : 0;
 	}
 	rc = g4_kvpool_init(&d->kv, d->m, kv_dtype, kv_bytes, max_seqs, max_model_len, max_tokens, 0, err);
 	if (rc != G4_OK)
