@@ -653,7 +653,7 @@ int			g4c_argmax(g4_backend *be, const float *logits, int n, int vocab, int32_t 
 int			g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim,
 						float eps, float *y);
 int			g4c_head_norm_rope(g4_backend *be, float *x, int n, int stride, int hd, const g4_head_run *runs,
-							   int n_runs, float eps);
+							   int n_runs, float eps, const g4_kv_layer *L);
 int			g4c_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
 							int dim, float eps, float scale, const float *next_w, float *y);
 /* kv_store.cu */

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cuda_common.cuh"
+#include "kv_store.cuh"
 
 #define NORM_THREADS 256
 
@@ -219,14 +219,14 @@ g4c_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
 					  next_w, y, yb);
 }
 
-#define HNR_PAIRS 8				/* rotation pairs per lane: head_dim up to 512 */
-
 /* The runs of heads, by value: run r holds heads [first[r], first[r + 1])
- * of a token. */
+ * of a token; store[r]: the kv_store row its heads are (G4_STORE_K,
+ * G4_STORE_V), or 0. */
 struct hnr_runs
 {
 	int			col[G4_HEAD_RUNS_MAX];
 	int			first[G4_HEAD_RUNS_MAX + 1];
+	int			store[G4_HEAD_RUNS_MAX];
 	const float *w[G4_HEAD_RUNS_MAX];
 	const float *inv_freq[G4_HEAD_RUNS_MAX];
 };
@@ -241,17 +241,26 @@ pick3(const T *a, int r)
 }
 
 /*
- * One warp per (token, head of any run); lane handles the rotation pairs j,
- * j + hd/2 (j = lane + 32 p).  The weights and the rotation's sines and
+ * One warp per (token, head of any run), in kv_store.cuh's layout: lane l
+ * holds elements [l·P, l·P + P) of the head (P = hd / 32; below 32 elements
+ * one each for the first hd lanes).  Rotate-half pairs element j with
+ * j + hd/2, which lies in lane l ^ 16 at the same index (below 32 elements,
+ * in lane l ± hd/2): each lane scales its own elements, takes its partner's
+ * by one shuffle each, and computes its half of the rotation, with the
+ * roundings of ops_dense.c.  The weights and the rotation's sines and
  * cosines are computed before the wait for the previous kernel (weights and
  * positions are never written by a kernel of the step: the positions are
- * uploaded before the step's first kernel), and the head is held in
- * registers, so the chain of the step waits only for the loads of x and the
- * two sums.  A layer's q, k and v heads are one launch: two launches fewer
- * per layer than a launch per run.
+ * uploaded before the step's first kernel), the two lanes of a pair
+ * computing half of their shared angles each; the chain of the step waits
+ * only for the loads of x and the sum.  A layer's q, k and v heads are one
+ * launch, and where `D` is given the warp of a stored run's head then
+ * writes it into the pool as kv_store would (kv_put_row): one launch for
+ * what took two.
  */
-__global__ void
-head_norm_rope_kernel(float *x, int n, int stride, int hd, hnr_runs R, int heads, float eps, const int32_t *pos)
+template <int P>
+__global__ void __launch_bounds__(128)
+head_norm_rope_kernel(float *x, int n, int stride, int hd, hnr_runs R, int heads, float eps, int vec,
+					  const int32_t *pos, kv_dest D)
 {
 	int			item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
 	int			lane = threadIdx.x & 31;
@@ -263,91 +272,117 @@ head_norm_rope_kernel(float *x, int n, int stride, int hd, hnr_runs R, int heads
 	const float *w = pick3(R.w, r);
 	const float *inv_freq = pick3(R.inv_freq, r);
 	int			col = pick3(R.col, r) + (h - pick3(R.first, r)) * hd;
-	float		wa[HNR_PAIRS],
-				wb[HNR_PAIRS],
-				sn[HNR_PAIRS],
-				cs[HNR_PAIRS],
-				a[HNR_PAIRS],
-				b[HNR_PAIRS];
-	bool		rot[HNR_PAIRS];
+	/* P > 1: the pair's upper lane holds elements j + hd/2 */
+	bool		upper = P > 1 ? lane >= 16 : lane >= half;
+	int			partner = P > 1 ? lane ^ 16 : lane < half ? lane + half : lane < hd ? lane - half : lane;
+	float		wv[P],
+				sn[P],
+				cs[P],
+				xv[P],
+				y[P];
+	bool		rot[P];
 	double		ss = 0.0;
 	float	   *xh;
 	float		f;
 
 	g4c_pdl_trigger();
 #pragma unroll
-	for (int p = 0; p < HNR_PAIRS; p++)
+	for (int i = 0; i < P; i++)
 	{
-		int			j = lane + 32 * p;
+		int			e = lane * P + i;
+		int			j = e < half ? e : e - half;
 
-		rot[p] = false;
-		wa[p] = wb[p] = 1.0f;	/* no weight: x * f * 1 is x * f exactly */
-		if (live && j < half)
+		wv[i] = 1.0f;			/* no weight: x * f * 1 is x * f exactly */
+		rot[i] = false;
+		sn[i] = 0.0f;
+		cs[i] = 1.0f;
+		if (live && e < hd)
 		{
 			if (w)
-			{
-				wa[p] = w[j];
-				wb[p] = w[j + half];
-			}
-			rot[p] = inv_freq && inv_freq[j] != 0.0f;
-			if (rot[p])
-				sincosf(__fmul_rn((float) pos[t], inv_freq[j]), &sn[p], &cs[p]);
+				wv[i] = w[e];
+			rot[i] = inv_freq && inv_freq[j] != 0.0f;
 		}
 	}
+	if constexpr (P > 1)
+	{
+		/* the pair shares its angles: the lower lane computes the first
+		 * half of them, the upper lane the second, and they swap */
+#pragma unroll
+		for (int k = 0; k < P / 2; k++)
+		{
+			/* element k (lower lane) or k + P/2 (upper), by selects: a
+			 * runtime index would put the arrays in local memory */
+			bool		mine = upper ? rot[k + P / 2] : rot[k];
+			int			j = (lane & 15) * P + (upper ? k + P / 2 : k);
+			float		s = 0.0f,
+						co = 1.0f,
+						so,
+						coo;
+
+			if (mine)
+				sincosf(__fmul_rn((float) pos[t], inv_freq[j]), &s, &co);
+			so = __shfl_xor_sync(0xffffffffu, s, 16);
+			coo = __shfl_xor_sync(0xffffffffu, co, 16);
+			sn[k] = upper ? so : s;
+			cs[k] = upper ? coo : co;
+			sn[k + P / 2] = upper ? s : so;
+			cs[k + P / 2] = upper ? co : coo;
+		}
+	}
+	else if (rot[0])
+		sincosf(__fmul_rn((float) pos[t], inv_freq[lane < half ? lane : lane - half]), &sn[0], &cs[0]);
 	g4c_pdl_wait();
 	if (!live)
 		return;
 	xh = x + (size_t) t * (size_t) stride + (size_t) col;
+	lane_load<P>(xv, xh, hd, vec);
 #pragma unroll
-	for (int p = 0; p < HNR_PAIRS; p++)
-	{
-		int			j = lane + 32 * p;
-
-		if (j < half)
-		{
-			a[p] = xh[j];
-			b[p] = xh[j + half];
-			ss += (double) a[p] * a[p] + (double) b[p] * b[p];
-		}
-	}
+	for (int i = 0; i < P; i++)
+		ss += (double) xv[i] * xv[i];
 	for (int o = 16; o > 0; o >>= 1)
 		ss += __shfl_xor_sync(0xffffffffu, ss, o);
 	f = rms_factor(ss, hd, eps);
 #pragma unroll
-	for (int p = 0; p < HNR_PAIRS; p++)
+	for (int i = 0; i < P; i++)
 	{
-		int			j = lane + 32 * p;
+		float		own = __fmul_rn(__fmul_rn(xv[i], f), wv[i]);
+		float		other = __shfl_sync(0xffffffffu, own, partner);
 
-		if (j < half)
-		{
-			float		u = __fmul_rn(__fmul_rn(a[p], f), wa[p]);
-			float		v = __fmul_rn(__fmul_rn(b[p], f), wb[p]);
+		/* element j: u cos - v sin; element j + hd/2: v cos + u sin (u, v
+		 * the scaled elements j and j + hd/2) */
+		y[i] = !rot[i] ? own : upper ? __fadd_rn(__fmul_rn(own, cs[i]), __fmul_rn(other, sn[i]))
+			: __fsub_rn(__fmul_rn(own, cs[i]), __fmul_rn(other, sn[i]));
+	}
+	lane_store<P>(y, xh, hd, vec);
+	if (D.layer_base && pick3(R.store, r))
+	{
+		int			off;
+		uint8_t    *hb = kv_head_bytes(D, t, h - pick3(R.first, r), &off);
 
-			if (rot[p])
-			{
-				xh[j] = __fsub_rn(__fmul_rn(u, cs[p]), __fmul_rn(v, sn[p]));
-				xh[j + half] = __fadd_rn(__fmul_rn(v, cs[p]), __fmul_rn(u, sn[p]));
-			}
-			else
-			{
-				xh[j] = u;
-				xh[j + half] = v;
-			}
-		}
+		if (hb)
+			kv_put_row<P>(D, hb, off, y, pick3(R.store, r));
 	}
 }
 
 int
 g4c_head_norm_rope(g4_backend *be, float *x, int n, int stride, int hd, const g4_head_run *runs, int n_runs,
-				   float eps)
+				   float eps, const g4_kv_layer *L)
 {
 	g4_cuda    *c = g4c_of(be);
+	void		(*kernel) (float *, int, int, int, hnr_runs, int, float, int, const int32_t *, kv_dest);
 	hnr_runs	R;
-	int			heads = 0;
+	kv_dest		D;
+	int			heads = 0,
+				vec;
+	int			p = hd <= 32 ? 1 : hd / 32;
 
-	if (n_runs < 1 || n_runs > G4_HEAD_RUNS_MAX || hd % 2 != 0 || hd / 2 > 32 * HNR_PAIRS)
+	/* the layout's heads: even widths up to 32, and 32 P for P a power of
+	 * two up to 16 */
+	if (n_runs < 1 || n_runs > G4_HEAD_RUNS_MAX || hd % 2 != 0 || (hd > 32 && (hd % 32 != 0 || (p & (p - 1)) != 0)) ||
+		p > 16)
 		return G4_ERR_UNSUPPORTED;
 	memset(&R, 0, sizeof(R));
+	memset(&D, 0, sizeof(D));
 	for (int r = 0; r < G4_HEAD_RUNS_MAX; r++)
 	{
 		R.first[r] = heads;
@@ -356,14 +391,51 @@ g4c_head_norm_rope(g4_backend *be, float *x, int n, int stride, int hd, const g4
 			R.col[r] = runs[r].col;
 			R.w[r] = runs[r].w;
 			R.inv_freq[r] = runs[r].inv_freq;
+			R.store[r] = L ? runs[r].store : 0;
 			heads += runs[r].heads;
 		}
 	}
 	/* the runs past n_runs start at `heads`: no head selects them */
 	for (int r = n_runs; r <= G4_HEAD_RUNS_MAX; r++)
 		R.first[r] = heads;
+	if (L)
+	{
+		int			rows = 0,
+					rc;
+
+		for (int r = 0; r < n_runs; r++)
+			rows |= 1 << runs[r].store;
+		/* every row kv_store writes in a marked run */
+		if (!(rows & 1 << G4_STORE_V) || (!L->k_eq_v && !(rows & 1 << G4_STORE_K)))
+			return G4_ERR_INTERNAL;
+		rc = g4c_kv_dest(c, L, &D);
+		if (rc != G4_OK)
+			return rc;
+	}
 	if ((size_t) n * (size_t) heads == 0)
 		return G4_OK;
-	return g4c_launch(c, "head_norm_rope", head_norm_rope_kernel, dim3((n * heads + 3) / 4), dim3(128), 0, x, n,
-					  stride, hd, R, heads, eps, (const int32_t *) c->d_pos);
+	switch (p)
+	{
+		case 1:
+			kernel = head_norm_rope_kernel<1>;
+			break;
+		case 2:
+			kernel = head_norm_rope_kernel<2>;
+			break;
+		case 4:
+			kernel = head_norm_rope_kernel<4>;
+			break;
+		case 8:
+			kernel = head_norm_rope_kernel<8>;
+			break;
+		default:
+			kernel = head_norm_rope_kernel<16>;
+			break;
+	}
+	/* 16-byte loads where every head's row is aligned */
+	vec = (uintptr_t) x % 16 == 0 && stride % 4 == 0 && hd % 4 == 0;
+	for (int r = 0; r < n_runs; r++)
+		vec = vec && runs[r].col % 4 == 0;
+	return g4c_launch(c, "head_norm_rope", kernel, dim3((n * heads + 3) / 4), dim3(128), 0, x, n, stride, hd, R, heads,
+					  eps, vec, (const int32_t *) c->d_pos, D);
 }

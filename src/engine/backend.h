@@ -142,7 +142,13 @@ typedef struct
 	int			heads;
 	const float *w;				/* RMSNorm weight [hd], or NULL: none */
 	const float *inv_freq;		/* RoPE [hd/2], or NULL: no rotation */
+	int			store;			/* the kv_store row its heads are, where
+								 * head_norm_rope is given a layer:
+								 * G4_STORE_K, G4_STORE_V or 0 */
 } g4_head_run;
+
+#define G4_STORE_K 1			/* kv_store's k argument */
+#define G4_STORE_V 2			/* its v argument (a k_eq_v layer's only row) */
 
 #define G4_HEAD_RUNS_MAX 3		/* q, k, v */
 
@@ -205,9 +211,12 @@ typedef struct
 	 * of width hd of the runs (at most G4_HEAD_RUNS_MAX): RMS-normalise
 	 * (the run's weight, or none), then apply rotate-half RoPE at the token's
 	 * position with the run's inv_freq[hd/2] (NULL: no rotation).  One
-	 * operation for a layer's q, k and v heads. */
+	 * operation for a layer's q, k and v heads.  With a layer L (else NULL),
+	 * then kv_store of the normalised rows of the runs marked `store`, as
+	 * kv_store(L, k, stride, v, stride, n) would: the two operations as one
+	 * (every row kv_store writes must be in a marked run). */
 	int			(*head_norm_rope) (g4_backend *be, float *x, int n, int stride, int hd,
-								   const g4_head_run *runs, int n_runs, float eps);
+								   const g4_head_run *runs, int n_runs, float eps, const g4_kv_layer *L);
 
 	/* Write K and V rows of the step's tokens into the pool (k NULL when
 	 * L->k_eq_v).  Row strides in floats. */

@@ -166,9 +166,9 @@ decoder(g4_draft *d, int n, g4_err *err)
 
 		TRY(be->ops->matmul(be, ly->qkv, d->h, n, d->q));
 		{
-			g4_head_run q = {0, c->n_heads, ly->q_norm, m->inv_freq[c->layer_full[i] ? 1 : 0]};
+			g4_head_run q = {0, c->n_heads, ly->q_norm, m->inv_freq[c->layer_full[i] ? 1 : 0], 0};
 
-			TRY(be->ops->head_norm_rope(be, d->q, n, ly->q_dim, kv->head_dim, &q, 1, eps));
+			TRY(be->ops->head_norm_rope(be, d->q, n, ly->q_dim, kv->head_dim, &q, 1, eps, NULL));
 		}
 		TRY(be->ops->attention(be, kv, d->q, ly->q_dim, n, d->attn));
 		TRY(be->ops->matmul(be, ly->o, d->attn, n, d->h));

@@ -151,14 +151,14 @@ g4_layer_head_runs(const g4_model_config *c, const g4_layer *ly, g4_head_run run
 	const g4_kv_layer *kv = &ly->kv;
 	int			n = 0;
 
-	runs[n++] = (g4_head_run) {0, c->n_heads, ly->q_norm, kv->inv_freq};
+	runs[n++] = (g4_head_run) {0, c->n_heads, ly->q_norm, kv->inv_freq, 0};
 	if (kv->k_eq_v)
-		runs[n++] = (g4_head_run) {ly->q_dim, kv->n_kv_heads, NULL, NULL};
+		runs[n++] = (g4_head_run) {ly->q_dim, kv->n_kv_heads, NULL, NULL, G4_STORE_V};
 	else
 	{
-		runs[n++] = (g4_head_run) {ly->q_dim, kv->n_kv_heads, ly->k_norm, kv->inv_freq};
+		runs[n++] = (g4_head_run) {ly->q_dim, kv->n_kv_heads, ly->k_norm, kv->inv_freq, G4_STORE_K};
 		if (c->v_norm)
-			runs[n++] = (g4_head_run) {ly->q_dim + ly->kv_dim, kv->n_kv_heads, NULL, NULL};
+			runs[n++] = (g4_head_run) {ly->q_dim + ly->kv_dim, kv->n_kv_heads, NULL, NULL, G4_STORE_V};
 	}
 	return n;
 }
@@ -181,13 +181,17 @@ attention_block(g4_model *m, g4_workspace *ws, const g4_layer *ly, int normed, i
 	if (!normed)
 		TRY(be->ops->rmsnorm(be, ws->x, ly->attn_norm, T, c->hidden_size, eps, ws->h));
 	TRY(be->ops->matmul(be, ly->qkv, ws->h, T, ws->qkv));
-	TRY(be->ops->head_norm_rope(be, ws->qkv, T, stride, hd, runs, n_runs, eps));
 	/* on k_eq_v layers V is the raw key normalised without weight; K is
-	 * rebuilt from it inside attention, so only V is stored */
-	if (kv->k_eq_v)
-		TRY(be->ops->kv_store(be, kv, NULL, 0, k, stride, T));
+	 * rebuilt from it inside attention, so only V is stored.  Where every
+	 * stored row is one of the runs (v normalised, or k_eq_v) the store is
+	 * part of head_norm_rope: one operation, not two */
+	if (kv->k_eq_v || c->v_norm)
+		TRY(be->ops->head_norm_rope(be, ws->qkv, T, stride, hd, runs, n_runs, eps, kv));
 	else
+	{
+		TRY(be->ops->head_norm_rope(be, ws->qkv, T, stride, hd, runs, n_runs, eps, NULL));
 		TRY(be->ops->kv_store(be, kv, k, stride, v, stride, T));
+	}
 	TRY(be->ops->attention(be, kv, q, stride, T, ws->attn));
 	TRY(be->ops->matmul(be, ly->o, ws->attn, T, ws->h));
 	TRY(be->ops->add_rmsnorm(be, ws->x, ws->h, ly->post_attn_norm, T, c->hidden_size, eps, 1.0f,

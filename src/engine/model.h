@@ -122,7 +122,8 @@ int			g4_model_embed_media(g4_model *m, const struct g4_media_input *in, float *
 /* The head runs of a layer's fused q/k/v row for head_norm_rope: q with
  * its norm and RoPE; on k_eq_v layers the raw key (stored as V) normalised
  * without weight; else k with its norm and RoPE, and v normalised without
- * weight where the model has v_norm.  Returns the run count. */
+ * weight where the model has v_norm.  The k and v runs are marked as the
+ * rows kv_store writes.  Returns the run count. */
 int			g4_layer_head_runs(const g4_model_config *c, const g4_layer *ly, g4_head_run runs[G4_HEAD_RUNS_MAX]);
 
 /* Run one step (metadata already described by meta) and leave the logits of

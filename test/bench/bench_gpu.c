@@ -323,7 +323,7 @@ next_layer_weight(int *l, int which)
 
 enum
 {
-	OP_MATMUL, OP_RMSNORM, OP_HEADNORM, OP_STORE, OP_ATTN, OP_ADDNORM, OP_EMBED, OP_SOFTCAP, OP_GATHER
+	OP_MATMUL, OP_RMSNORM, OP_HEADNORM, OP_ATTN, OP_ADDNORM, OP_EMBED, OP_SOFTCAP, OP_GATHER
 };
 
 static void
@@ -354,14 +354,9 @@ run_op(void *p)
 				g4_head_run runs[G4_HEAD_RUNS_MAX];
 				int			n_runs = g4_layer_head_runs(c, ly, runs);
 
-				be->ops->head_norm_rope(be, D.ws.qkv, n, stride, kv->head_dim, runs, n_runs, 1e-6f);
+				/* with the store, as the model runs it (Gemma 4: v normalised) */
+				be->ops->head_norm_rope(be, D.ws.qkv, n, stride, kv->head_dim, runs, n_runs, 1e-6f, kv);
 			}
-			break;
-		case OP_STORE:
-			if (kv->k_eq_v)
-				be->ops->kv_store(be, kv, NULL, 0, D.ws.qkv + ly->q_dim, stride, n);
-			else
-				be->ops->kv_store(be, kv, D.ws.qkv + ly->q_dim, stride, D.ws.qkv + ly->q_dim + ly->kv_dim, stride, n);
 			break;
 		case OP_ATTN:
 			be->ops->attention(be, kv, D.ws.qkv, stride, n, D.ws.attn);
@@ -442,10 +437,8 @@ breakdown(int seqs, int tps, int ctx)
 			{"rmsnorm (first layer, final)", OP_RMSNORM, 2},
 			{"matmul qkv sliding", OP_MATMUL, 10},
 			{"matmul qkv full", OP_MATMUL, 11},
-			{"q/k/v norm+rope sliding", OP_HEADNORM, 0},
-			{"q/k/v norm+rope full", OP_HEADNORM, 1},
-			{"kv_store sliding", OP_STORE, 0},
-			{"kv_store full", OP_STORE, 1},
+			{"q/k/v norm+rope, kv_store sliding", OP_HEADNORM, 0},
+			{"q/k/v norm+rope, kv_store full", OP_HEADNORM, 1},
 			{"attention sliding", OP_ATTN, 0},
 			{"attention full", OP_ATTN, 1},
 			{"matmul o sliding", OP_MATMUL, 20},
@@ -642,9 +635,10 @@ ko_add_rmsnorm(g4_backend *b, float *x, const float *h, const float *w, int n, i
 }
 
 static int
-ko_head_norm_rope(g4_backend *b, float *x, int n, int stride, int hd, const g4_head_run *runs, int n_runs, float eps)
+ko_head_norm_rope(g4_backend *b, float *x, int n, int stride, int hd, const g4_head_run *runs, int n_runs, float eps,
+				  const g4_kv_layer *L)
 {
-	return ko_what == KO_ROPE_STORE ? G4_OK : ko_real->head_norm_rope(b, x, n, stride, hd, runs, n_runs, eps);
+	return ko_what == KO_ROPE_STORE ? G4_OK : ko_real->head_norm_rope(b, x, n, stride, hd, runs, n_runs, eps, L);
 }
 
 static int

@@ -181,7 +181,7 @@ rec_sample(g4_backend *be, float *logits, int n, int vocab, const int32_t *suppr
 static int rec_embed(g4_backend *be, const g4_weight *t, float s, float *o) { return note(); }
 static int rec_matmul(g4_backend *be, const g4_weight *w, const float *x, int n, float *y) { return note(); }
 static int rec_rmsnorm(g4_backend *be, const float *x, const float *w, int r, int d, float e, float *y) { return note(); }
-static int rec_head_norm_rope(g4_backend *be, float *x, int n, int s, int hd, const g4_head_run *r, int nr, float e) { return note(); }
+static int rec_head_norm_rope(g4_backend *be, float *x, int n, int s, int hd, const g4_head_run *r, int nr, float e, const g4_kv_layer *L) { return note(); }
 static int rec_kv_store(g4_backend *be, const g4_kv_layer *L, const float *k, int ks, const float *v, int vs, int n) { return note(); }
 static int rec_attention(g4_backend *be, const g4_kv_layer *L, const float *q, int qs, int n, float *o) { return note(); }
 static int rec_geglu(g4_backend *be, const float *gu, int n, int ff, float *o) { return note(); }

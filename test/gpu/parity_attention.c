@@ -260,6 +260,102 @@ const parity_kind parity_kv_store = {
 	.run = kv_store_run,
 };
 
+/* ---- head_norm_rope with the store: one operation against the two ------------------- */
+
+static int
+hnr_store_describe(const parity_row *r, int i, char *label, size_t size)
+{
+	int			hd,
+				nkv,
+				keqv;
+
+	pool_geometry(r->a.pool.small, r->each[i], &hd, &nkv, &keqv);
+	snprintf(label, size, "%s hd=%d kv_heads=%d%s (words of the rows and bytes of the pool differing)",
+			 dtype_name(r->a.pool.dtype), hd, nkv, keqv ? " k_eq_v" : "");
+	return 1;
+}
+
+/* A layer's q/k/v rows (g4_layer_head_runs' runs) through head_norm_rope
+ * then kv_store into layer 0 of group g, and through head_norm_rope given
+ * the layer into layer 1, both layers starting from the same bytes: the
+ * GPU's two paths, exact (each against the CPU: the head_norm_rope and
+ * kv_store rows). */
+static void
+hnr_store_run(const parity_row *r, void *fx, int i, double *metric)
+{
+	store_fixture *f = fx;
+	pool_t	   *P = &f->P;
+	int			g = r->each[i];
+	int			n = f->mb.n,
+				hd = P->hd[g],
+				nkv = P->nkv[g],
+				heads = P->heads;
+	int			stride = (heads + (P->keqv[g] ? 1 : 2) * nkv) * hd;
+	size_t		len = (size_t) n * (size_t) stride,
+				lbytes = P->gpu.layer_stride[g];
+	float	   *x = p_malloc(len * 4),
+			   *xa = p_malloc(len * 4),
+			   *xb = p_malloc(len * 4),
+			   *qw = p_malloc((size_t) hd * 4);
+	uint8_t    *la = p_malloc(lbytes),
+			   *lb = p_malloc(lbytes);
+	float	   *dx,
+			   *dy,
+			   *dqw;
+	g4_kv_layer L0 = layer_of(P, g, 0, 1, 1.0f),
+				L1 = layer_of(P, g, 1, 1, 1.0f);
+	g4_step_meta m = meta_of(&f->mb);
+	g4_head_run runs[G4_HEAD_RUNS_MAX];
+	int			nr = 0;
+	size_t		k;
+
+	fill_normal(x, len, 2.0f);
+	fill_normal(qw, (size_t) hd, 1.0f);
+	dqw = gpu_copy(qw, (size_t) hd * 4);
+	runs[nr++] = (g4_head_run) {0, heads, dqw, P->dinvf[g], 0};
+	if (P->keqv[g])
+		runs[nr++] = (g4_head_run) {heads * hd, nkv, NULL, NULL, G4_STORE_V};
+	else
+	{
+		runs[nr++] = (g4_head_run) {heads * hd, nkv, P->dknorm[g], P->dinvf[g], G4_STORE_K};
+		runs[nr++] = (g4_head_run) {(heads + nkv) * hd, nkv, NULL, NULL, G4_STORE_V};
+	}
+	gpu_get(la, P->gpu.base[g], lbytes);
+	gpu_put(P->gpu.base[g] + lbytes, la, lbytes);
+	both_step(&m);
+	dx = gpu_copy(x, len * 4);
+	dy = gpu_copy(x, len * 4);
+	P_RUN(gpu_be, head_norm_rope, dx, n, stride, hd, runs, nr, 1e-6f, NULL);
+	if (P->keqv[g])
+		P_RUN(gpu_be, kv_store, &L0, NULL, 0, dx + heads * hd, stride, n);
+	else
+		P_RUN(gpu_be, kv_store, &L0, dx + heads * hd, stride, dx + (heads + nkv) * hd, stride, n);
+	P_RUN(gpu_be, head_norm_rope, dy, n, stride, hd, runs, nr, 1e-6f, &L1);
+	gpu_get(xa, dx, len * 4);
+	gpu_get(xb, dy, len * 4);
+	gpu_get(la, P->gpu.base[g], lbytes);
+	gpu_get(lb, P->gpu.base[g] + lbytes, lbytes);
+	metric[0] = count_differing_words(xa, xb, len);
+	for (k = 0; k < lbytes; k++)
+		metric[0] += la[k] != lb[k];
+	p_free(x);
+	p_free(xa);
+	p_free(xb);
+	p_free(qw);
+	p_free(la);
+	p_free(lb);
+	p_free(dx);
+	p_free(dy);
+	p_free(dqw);
+}
+
+const parity_kind parity_head_norm_rope_store = {
+	.family = "kv_store",
+	.describe = hnr_store_describe,
+	.setup = kv_store_setup,
+	.run = hnr_store_run,
+};
+
 /* ---- attention --------------------------------------------------------------------- */
 
 /* context lengths of the five slots */

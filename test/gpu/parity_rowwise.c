@@ -369,22 +369,22 @@ head_norm_rope_run(const parity_row *r, void *fx, int i, double *metric)
 					rg[G4_HEAD_RUNS_MAX];
 		int			nr = 0;
 
-		rc[nr] = (g4_head_run) {0, a->heads, a->weighted ? w : NULL, a->rope ? f : NULL};
-		rg[nr++] = (g4_head_run) {0, a->heads, a->weighted ? dw : NULL, a->rope ? df : NULL};
+		rc[nr] = (g4_head_run) {0, a->heads, a->weighted ? w : NULL, a->rope ? f : NULL, 0};
+		rg[nr++] = (g4_head_run) {0, a->heads, a->weighted ? dw : NULL, a->rope ? df : NULL, 0};
 		if (a->kv_heads)
 		{
 			int			raw = a->k_eq_v;
 
-			rc[nr] = (g4_head_run) {a->heads * hd, a->kv_heads, raw ? NULL : w + 1, raw ? NULL : f};
-			rg[nr++] = (g4_head_run) {a->heads * hd, a->kv_heads, raw ? NULL : dw + 1, raw ? NULL : df};
+			rc[nr] = (g4_head_run) {a->heads * hd, a->kv_heads, raw ? NULL : w + 1, raw ? NULL : f, 0};
+			rg[nr++] = (g4_head_run) {a->heads * hd, a->kv_heads, raw ? NULL : dw + 1, raw ? NULL : df, 0};
 		}
 		if (a->v_run)
 		{
-			rc[nr] = (g4_head_run) {(a->heads + a->kv_heads) * hd, a->kv_heads, NULL, NULL};
-			rg[nr++] = (g4_head_run) {(a->heads + a->kv_heads) * hd, a->kv_heads, NULL, NULL};
+			rc[nr] = (g4_head_run) {(a->heads + a->kv_heads) * hd, a->kv_heads, NULL, NULL, 0};
+			rg[nr++] = (g4_head_run) {(a->heads + a->kv_heads) * hd, a->kv_heads, NULL, NULL, 0};
 		}
-		P_RUN(cpu_be, head_norm_rope, x, n, a->stride, hd, rc, nr, 1e-6f);
-		P_RUN(gpu_be, head_norm_rope, dx, n, a->stride, hd, rg, nr, 1e-6f);
+		P_RUN(cpu_be, head_norm_rope, x, n, a->stride, hd, rc, nr, 1e-6f, NULL);
+		P_RUN(gpu_be, head_norm_rope, dx, n, a->stride, hd, rg, nr, 1e-6f, NULL);
 	}
 	gpu_get(yg, dx, len * 4);
 	metric[0] = max_rel(yg, x, len);

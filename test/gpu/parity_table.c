@@ -56,6 +56,7 @@
  */
 #define WHY_SAMPLE "exact: ids differing; only a boundary within an ulp of an e could part them (~1e-7)"
 #define WHY_KV_STORE "exact: bytes differing (the encodings are the same functions)"
+#define WHY_HNR_STORE "exact: the one operation's rows and pool bytes against head_norm_rope then kv_store (each checked against the CPU)"
 #define WHY_ATT_F32 "float32 kernel: float32 arithmetic in another order"
 #define WHY_TC "tensor cores: f16 q, k, v, P; ~2^-11 sqrt(2 hd) sd of the scores on random inputs (a figure)"
 #define WHY_TC_EXACT "tensor cores on f16-exact inputs: only P's rounding to f16 (2^-11) remains"
@@ -95,6 +96,9 @@
 #define SMALL_STEPS ATT_DECODE_1, ATT_DECODE_4, ATT_VERIFY, ATT_PREFILL_DECODE, ATT_PREFILL_SHORT
 /* KV(dtype, small pool): both layer groups */
 #define KV(...) .kind = &parity_kv_store, .a.pool = {__VA_ARGS__}, EACH(0, 1)
+/* the same for head_norm_rope given the layer */
+#define HNR_STORE(...) .kind = &parity_head_norm_rope_store, .a.pool = {__VA_ARGS__}, EACH(0, 1), \
+	CHECK1("head_norm_rope + store", 0, WHY_HNR_STORE)
 
 const parity_row parity_table[] = {
 	/* ---- matmul: int4 (seed 1) ---- */
@@ -337,6 +341,12 @@ const parity_row parity_table[] = {
 	{KV(G4_KV_TURBOQUANT_K8V4, 1), CHECK1("kv_store", 0, WHY_KV_STORE)},
 	{KV(G4_KV_BF16, 0, .nans = 1), CHECK1("kv_store", 0, WHY_KV_STORE)},
 	{KV(G4_KV_TURBOQUANT_K8V4, 0, .nans = 1), CHECK1("kv_store", 0, WHY_KV_STORE)},
+	/* head_norm_rope given the layer: the store of its k and v runs */
+	{HNR_STORE(G4_KV_F32, 0)},
+	{HNR_STORE(G4_KV_BF16, 0)},
+	{HNR_STORE(G4_KV_TURBOQUANT_K8V4, 0)},
+	{HNR_STORE(G4_KV_BF16, 1)},
+	{HNR_STORE(G4_KV_TURBOQUANT_K8V4, 1)},
 
 	/*
 	 * ---- attention ----

@@ -83,7 +83,7 @@ int			g4_cpu_softcap(g4_backend *be, float *x, size_t count, float cap);
 int			g4_cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim,
 						   float eps, float *y);
 int			g4_cpu_head_norm_rope(g4_backend *be, float *x, int n, int stride, int hd,
-								  const g4_head_run *runs, int n_runs, float eps);
+								  const g4_head_run *runs, int n_runs, float eps, const g4_kv_layer *L);
 int			g4_cpu_add_rmsnorm(g4_backend *be, float *x, const float *h, const float *w, int n,
 							   int dim, float eps, float scale, const float *next_w, float *y);
 /* sample.c */

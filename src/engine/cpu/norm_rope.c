@@ -105,18 +105,27 @@ head_item(void *arg, int64_t item, int thread)
 
 int
 g4_cpu_head_norm_rope(g4_backend *be, float *x, int n, int stride, int hd, const g4_head_run *runs, int n_runs,
-					  float eps)
+					  float eps, const g4_kv_layer *L)
 {
 	g4_cpu	   *c = g4_cpu_of(be);
 	head_ctx	h = {c, x, stride, hd, runs, n_runs, 0, eps};
+	const float *rows[3] = {NULL, NULL, NULL};	/* by G4_STORE_K, G4_STORE_V */
 	int			i;
 
 	if (n_runs < 1 || n_runs > G4_HEAD_RUNS_MAX)
 		return G4_ERR_INTERNAL;
 	for (i = 0; i < n_runs; i++)
+	{
 		h.heads += runs[i].heads;
+		if (runs[i].store == G4_STORE_K || runs[i].store == G4_STORE_V)
+			rows[runs[i].store] = x + runs[i].col;
+	}
+	if (L && (!rows[G4_STORE_V] || (!L->k_eq_v && !rows[G4_STORE_K])))
+		return G4_ERR_INTERNAL;
 	g4_pool_run(c->pool, (int64_t) n * h.heads, head_item, &h);
-	return G4_OK;
+	if (!L)
+		return G4_OK;
+	return g4_cpu_kv_store(be, L, L->k_eq_v ? NULL : rows[G4_STORE_K], stride, rows[G4_STORE_V], stride, n);
 }
 
 /* ---- residual add with post-norm ---- */
