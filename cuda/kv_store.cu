@@ -195,24 +195,8 @@ g4c_kv_store(g4_backend *be, const g4_kv_layer *L, const float *k, int k_stride,
 	if (a.d.dtype != G4_KV_TURBOQUANT_K8V4)
 		kernel = kv_store_copy_kernel;
 	else
-		switch (hd < 32 ? 1 : hd / 32)	/* elements per lane */
-		{
-			case 1:
-				kernel = kv_store_tq_kernel<1>;
-				break;
-			case 2:
-				kernel = kv_store_tq_kernel<2>;
-				break;
-			case 4:
-				kernel = kv_store_tq_kernel<4>;
-				break;
-			case 8:
-				kernel = kv_store_tq_kernel<8>;
-				break;
-			default:
-				kernel = kv_store_tq_kernel<16>;
-				break;
-		}
+		kernel = lane_kernel_of(hd < 32 ? 1 : hd / 32, kv_store_tq_kernel<1>, kv_store_tq_kernel<2>,
+								kv_store_tq_kernel<4>, kv_store_tq_kernel<8>, kv_store_tq_kernel<16>);
 	return g4c_launch(c, "kv_store", kernel, dim3((a.items + STORE_WARPS - 1) / STORE_WARPS), dim3(STORE_THREADS), 0,
 					  a);
 }

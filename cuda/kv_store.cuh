@@ -36,6 +36,15 @@ struct kv_dest
 	unsigned   *status;
 };
 
+/* The instance of a kernel template over P elements per lane for p (1, 2,
+ * 4, 8 or 16: the layout's widths up to 512). */
+template <typename F>
+static inline F
+lane_kernel_of(int p, F k1, F k2, F k4, F k8, F k16)
+{
+	return p == 1 ? k1 : p == 2 ? k2 : p == 4 ? k4 : p == 8 ? k8 : k16;
+}
+
 /* kv_store.cu: layer L's destination in the configured pool. */
 int			g4c_kv_dest(g4_cuda *c, const g4_kv_layer *L, kv_dest *d);
 

@@ -414,24 +414,8 @@ g4c_head_norm_rope(g4_backend *be, float *x, int n, int stride, int hd, const g4
 	}
 	if ((size_t) n * (size_t) heads == 0)
 		return G4_OK;
-	switch (p)
-	{
-		case 1:
-			kernel = head_norm_rope_kernel<1>;
-			break;
-		case 2:
-			kernel = head_norm_rope_kernel<2>;
-			break;
-		case 4:
-			kernel = head_norm_rope_kernel<4>;
-			break;
-		case 8:
-			kernel = head_norm_rope_kernel<8>;
-			break;
-		default:
-			kernel = head_norm_rope_kernel<16>;
-			break;
-	}
+	kernel = lane_kernel_of(p, head_norm_rope_kernel<1>, head_norm_rope_kernel<2>, head_norm_rope_kernel<4>,
+							head_norm_rope_kernel<8>, head_norm_rope_kernel<16>);
 	/* 16-byte loads where every head's row is aligned */
 	vec = (uintptr_t) x % 16 == 0 && stride % 4 == 0 && hd % 4 == 0;
 	for (int r = 0; r < n_runs; r++)
