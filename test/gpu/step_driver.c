@@ -37,9 +37,10 @@ drv_open(drv *d, const char *path, g4_backend *be, int kv_dtype, size_t kv_bytes
 					total = 0;
 		double		left;
 
+		/* a total of 0: host memory (the CPU side of a comparison), not capped */
 		be->ops->device_info(be, name, sizeof(name), &free_b, &total);
 		left = 0.95 * (double) total - (double) (total - free_b) - (double) RESERVE;
-		if (kv_bytes == 0 || (double) kv_bytes > left)
+		if (total > 0 && (kv_bytes == 0 || (double) kv_bytes > left))
 			kv_bytes = left > 0 ? (size_t) left : 0;
 	}
 	rc = g4_kvpool_init(&d->kv, d->m, kv_dtype, kv_bytes, max_seqs, max_model_len, max_tokens, 0, err);

@@ -41,8 +41,8 @@ typedef struct
 	double		open_secs;
 } drv;
 
-/* Load a model on `be` with a KV pool of at most kv_bytes (0: no cap) and
- * no more than the device's memory leaves at 95 % use. */
+/* Load a model on `be` with a KV pool of kv_bytes, on a device no more than
+ * its memory leaves at 95 % use (kv_bytes 0: that much). */
 int			drv_open(drv *d, const char *path, g4_backend *be, int kv_dtype, size_t kv_bytes, int max_seqs,
 					 int max_model_len, int max_tokens, g4_err *err);
 void		drv_close(drv *d);
