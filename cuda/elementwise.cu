@@ -2,10 +2,10 @@
  * elementwise.cu — embedding lookup (alone, or followed by given rows: the
  * draft model's input), GeGLU, logit-row gathering and soft-capping.
  *
- * Numerics as ops_dense.c: the embedding row is decoded exactly and
- * multiplied by the scale once; GELU is the tanh approximation with an
- * accurate tanhf; products and sums that the CPU rounds separately are
- * kept separate here (__fmul_rn / __fadd_rn are never contracted).
+ * Numerics as the CPU's elementwise.c: the embedding row is decoded
+ * exactly and multiplied by the scale once; GELU is the tanh approximation
+ * with an accurate tanhf; products and sums that the CPU rounds separately
+ * are kept separate here (__fmul_rn / __fadd_rn are never contracted).
  */
 #include <math.h>
 

@@ -1,12 +1,14 @@
 /*
- * norm_rope.cu — RMSNorm over rows, per-head RMSNorm + rotate-half RoPE, and
- * the residual add with post-norm and layer scalar.
+ * norm_rope.cu — RMSNorm over rows, per-head RMSNorm + rotate-half RoPE
+ * (with the store of a layer's k and v heads into the KV pool, where
+ * given the layer), and the residual add with post-norm and layer scalar.
  *
- * Numerics follow ops_dense.c: the mean of squares is accumulated in double,
- * the factor is powf(mean + eps, -0.5), and each product / sum the CPU
- * rounds separately is rounded separately here (no contraction into FMA).
- * RoPE angles are float32 pos * inv_freq with an accurate sincosf
- * (positions reach 262,143; the slow path of sincosf handles them).
+ * Numerics follow the CPU's norm_rope.c: the mean of squares is
+ * accumulated in double, the factor is powf(mean + eps, -0.5), and each
+ * product / sum the CPU rounds separately is rounded separately here (no
+ * contraction into FMA).  RoPE angles are float32 pos * inv_freq with an
+ * accurate sincosf (positions reach 262,143; the slow path of sincosf
+ * handles them).
  */
 #include <math.h>
 #include <string.h>
@@ -247,8 +249,8 @@ pick3(const T *a, int r)
  * j + hd/2, which lies in lane l ^ 16 at the same index (below 32 elements,
  * in lane l ± hd/2): each lane scales its own elements, takes its partner's
  * by one shuffle each, and computes its half of the rotation, with the
- * roundings of ops_dense.c.  The weights and the rotation's sines and
- * cosines are computed before the wait for the previous kernel (weights and
+ * CPU's roundings.  The weights and the rotation's sines and cosines are
+ * computed before the wait for the previous kernel (weights and
  * positions are never written by a kernel of the step: the positions are
  * uploaded before the step's first kernel), the two lanes of a pair
  * computing half of their shared angles each; the chain of the step waits
