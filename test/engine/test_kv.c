@@ -1,6 +1,7 @@
 /*
  * test_kv.c — the KV pool's formats and attention over them (CPU backend):
- * encode/decode error bounds per dtype, attention against a float64
+ * encode/decode error bounds per dtype, head_norm_rope's store against
+ * kv_store, attention against a float64
  * reference for every mask shape, and compressed dtypes against the exact
  * pool as figures.
  */
@@ -282,6 +283,83 @@ mini_pool_free(mini_pool *mp)
 	free(mp->inv);
 	if (mp->be)
 		mp->be->ops->destroy(mp->be);
+}
+
+/*
+ * head_norm_rope given the layer writes the pool as head_norm_rope then
+ * kv_store do, in every dtype, with and without k_eq_v; it refuses a layer
+ * whose stored rows are not all runs.  (The CUDA backend's one launch is
+ * held to the same composition by the GPU parity rows.)
+ */
+G4_TEST(kv_head_norm_rope_stores_as_kv_store)
+{
+	static const int dtypes[] = {G4_KV_F32, G4_KV_BF16, G4_KV_TURBOQUANT_K8V4};
+	const int	hd = 64,
+				heads = 4,
+				kvh = 2,
+				n = 21;
+
+	for (size_t d = 0; d < G4_ARRAY_LEN(dtypes); d++)
+		for (int keqv = 0; keqv <= 1; keqv++)
+		{
+			mini_pool	pair,
+						one;
+			int			stride = (heads + (keqv ? 1 : 2) * kvh) * hd;
+			size_t		len = (size_t) n * (size_t) stride;
+			float	   *x = malloc(len * sizeof(float)),
+					   *y = malloc(len * sizeof(float)),
+					   *qw = malloc((size_t) hd * sizeof(float));
+			int32_t		tok[21] = {0},
+						pos[21],
+						slot[21] = {0};
+			g4_step_meta m;
+			g4_head_run runs[G4_HEAD_RUNS_MAX];
+			int			nr = 0;
+
+			CHECK(x && y && qw);
+			CHECK(mini_pool_init(&pair, dtypes[d], hd, heads, kvh, keqv, 64) == 0);
+			CHECK(mini_pool_init(&one, dtypes[d], hd, heads, kvh, keqv, 64) == 0);
+			for (size_t i = 0; i < len; i++)
+				x[i] = y[i] = h_normal(&rng_state) * 2.0f;
+			for (int i = 0; i < hd; i++)
+				qw[i] = 1.0f + 0.2f * h_normal(&rng_state);
+			for (int i = 0; i < n; i++)
+				pos[i] = 3 + 2 * i;
+			runs[nr++] = (g4_head_run) {0, heads, qw, pair.inv, 0};
+			if (keqv)
+				runs[nr++] = (g4_head_run) {heads * hd, kvh, NULL, NULL, G4_STORE_V};
+			else
+			{
+				runs[nr++] = (g4_head_run) {heads * hd, kvh, pair.knorm, pair.inv, G4_STORE_K};
+				runs[nr++] = (g4_head_run) {(heads + kvh) * hd, kvh, NULL, NULL, G4_STORE_V};
+			}
+			memset(&m, 0, sizeof(m));
+			m.n_tokens = n;
+			m.token = tok;
+			m.pos = pos;
+			m.slot = slot;
+			m.lo[0] = m.lo[1] = pos;
+			m.hi[0] = m.hi[1] = pos;
+			CHECK_INT(pair.be->ops->step_begin(pair.be, &m), G4_OK);
+			CHECK_INT(pair.be->ops->head_norm_rope(pair.be, x, n, stride, hd, runs, nr, 1e-6f, NULL), G4_OK);
+			CHECK_INT(pair.be->ops->kv_store(pair.be, &pair.L, keqv ? NULL : x + heads * hd, stride,
+											 x + (heads + (keqv ? 0 : kvh)) * hd, stride, n), G4_OK);
+			CHECK_INT(one.be->ops->step_begin(one.be, &m), G4_OK);
+			CHECK_INT(one.be->ops->head_norm_rope(one.be, y, n, stride, hd, runs, nr, 1e-6f, &one.L), G4_OK);
+			CHECK_MSG(memcmp(x, y, len * sizeof(float)) == 0, "dtype %d k_eq_v %d: rows differ", dtypes[d], keqv);
+			CHECK_MSG(memcmp(pair.desc.base[G4_KVG_FULL], one.desc.base[G4_KVG_FULL],
+							 pair.desc.layer_stride[G4_KVG_FULL]) == 0, "dtype %d k_eq_v %d: pools differ", dtypes[d],
+					  keqv);
+			/* the value's run unmarked: not every stored row is a run */
+			runs[nr - 1].store = 0;
+			CHECK_INT(one.be->ops->head_norm_rope(one.be, y, n, stride, hd, runs, nr, 1e-6f, &one.L),
+					  G4_ERR_INTERNAL);
+			mini_pool_free(&pair);
+			mini_pool_free(&one);
+			free(x);
+			free(y);
+			free(qw);
+		}
 }
 
 /* Store n random tokens, then attend with nq queries at the given positions
