@@ -1,9 +1,8 @@
 /*
  * test_kv.c — the KV pool's formats and attention over them (CPU backend):
  * encode/decode error bounds per dtype, head_norm_rope's store against
- * kv_store, attention against a float64
- * reference for every mask shape, and compressed dtypes against the exact
- * pool as figures.
+ * kv_store, attention against a float64 reference for every mask shape, and
+ * compressed dtypes against the exact pool as figures.
  */
 #include <math.h>
 
