@@ -94,7 +94,8 @@ step_shapes(const g4_engine *e, dry_step *out, int cap)
 }
 
 /* The metadata of one shape in the engine's step arrays: sequence i in
- * slot i, the visible ranges the scheduler gives a text prompt, token 0
+ * slot i, the visible ranges the scheduler gives a text prompt (config.c
+ * holds a model with sliding layers to a positive window), token 0
  * everywhere. */
 static void
 step_meta(g4_engine *e, const dry_step *st, g4_step_meta *meta)
@@ -116,7 +117,7 @@ step_meta(g4_engine *e, const dry_step *st, g4_step_meta *meta)
 				e->st_token[row] = 0;
 				e->st_pos[row] = pos;
 				e->st_slot[row] = seq;
-				e->st_lo[G4_KVG_SLIDING][row] = W > 0 ? G4_MAX(0, pos - W + 1) : 0;
+				e->st_lo[G4_KVG_SLIDING][row] = G4_MAX(0, pos - W + 1);
 				e->st_hi[G4_KVG_SLIDING][row] = pos + 1;
 				e->st_lo[G4_KVG_FULL][row] = 0;
 				e->st_hi[G4_KVG_FULL][row] = pos + 1;
