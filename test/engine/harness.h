@@ -16,6 +16,12 @@ const char *h_fixture_model(void);
  * (gemma4-make-model --assistant): its path in buf, or NULL when absent. */
 const char *h_assistant_of(const char *model, char *buf, size_t len);
 
+/* In an engine test (test.h's G4_SKIP): declares `model`, the fixture's
+ * path, and skips without it. */
+#define H_NEED_FIXTURE(model) \
+	const char *model = h_fixture_model(); \
+	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)")
+
 /* In a CUDA test (test.h's G4_SKIP): skip without a device, the fixture
  * model or its assistant, whose path goes into the array abuf. */
 #define H_NEED_CUDA_AND_ASSISTANT(model, abuf) \

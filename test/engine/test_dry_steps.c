@@ -223,14 +223,13 @@ record(g4_engine *e, int with_dry_run, int fail_at)
 	e->be->ops = &R.ops;
 }
 
-/* The fixture with its assistant opened (*e NULL when it could not be,
- * err saying why), the dry steps run through the recording backend, the
- * CPU table put back; returns what g4_dry_steps returned. */
+/* The model with its assistant opened (*e NULL when it could not be, err
+ * saying why), the dry steps run through the recording backend, the CPU
+ * table put back; returns what g4_dry_steps returned. */
 static int
-dry_steps_recorded(g4_engine **e, int with_dry_run, int fail_at, g4_err *err)
+dry_steps_recorded(const char *model, g4_engine **e, int with_dry_run, int fail_at, g4_err *err)
 {
 	static char abuf[4096];		/* the engine keeps the options' strings */
-	const char *model = h_fixture_model();
 	g4_options	o;
 	int			rc;
 
@@ -249,20 +248,14 @@ dry_steps_recorded(g4_engine **e, int with_dry_run, int fail_at, g4_err *err)
 	return rc;
 }
 
-#define NEED_MODEL() \
-	do { \
-		if (!h_fixture_model()) \
-			G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)"); \
-	} while (0)
-
 G4_TEST(dry_steps_reach_the_limits_with_valid_steps)
 {
 	g4_engine  *e;
 	g4_err		err;
 	int			rc;
 
-	NEED_MODEL();
-	rc = dry_steps_recorded(&e, 1, -1, &err);
+	H_NEED_FIXTURE(model);
+	rc = dry_steps_recorded(model, &e, 1, -1, &err);
 	CHECK_MSG(e, "open: %s", err.msg);
 	CHECK_OK(rc, &err);
 	CHECK(e->draft.m && e->spec_k > 0);
@@ -302,8 +295,8 @@ G4_TEST(dry_steps_need_a_backend_that_runs_dry)
 	g4_err		err;
 	int			rc;
 
-	NEED_MODEL();
-	rc = dry_steps_recorded(&e, 0, -1, &err);
+	H_NEED_FIXTURE(model);
+	rc = dry_steps_recorded(model, &e, 0, -1, &err);
 	CHECK_MSG(e, "open: %s", err.msg);
 	CHECK_OK(rc, &err);
 	CHECK_INT(R.steps, 0);
@@ -318,8 +311,8 @@ G4_TEST(dry_steps_failure_names_the_step_and_ends_dry)
 	g4_err		err;
 	int			rc;
 
-	NEED_MODEL();
-	rc = dry_steps_recorded(&e, 1, 1, &err);
+	H_NEED_FIXTURE(model);
+	rc = dry_steps_recorded(model, &e, 1, 1, &err);
 	CHECK_MSG(e, "open: %s", err.msg);
 	CHECK_INT(rc, G4_ERR_NOMEM);
 	CHECK_INT(err.code, G4_ERR_NOMEM);

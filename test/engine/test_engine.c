@@ -9,10 +9,6 @@
 #include "harness.h"
 #include "test.h"
 
-#define NEED_MODEL() \
-	const char *model = h_fixture_model(); \
-	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)")
-
 static const int32_t prompt_ids[] = {2, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009};
 
 G4_TEST(engine_rejects_bad_requests)
@@ -25,7 +21,7 @@ G4_TEST(engine_rejects_bad_requests)
 	int32_t		bad[2] = {2, 999999};
 	g4_message	sys_late[2];
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	o.max_model_len = 64;
 	CHECK_OK(g4_open(&o, &e, &err), &err);
@@ -113,7 +109,7 @@ G4_TEST(engine_request_that_can_never_fit_fails_at_submit)
 	g4_request	req;
 	uint64_t	id;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	o.max_num_seqs = 2;
 	o.max_num_batched_tokens = 16;
@@ -138,7 +134,7 @@ G4_TEST(engine_cancel_frees_blocks_at_once)
 	h_run		run = {res, 3};
 	int			i;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	memset(res, 0, sizeof(res));
@@ -177,7 +173,7 @@ G4_TEST(engine_admission_respects_max_num_seqs)
 	g4_stats	st;
 	int			i;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	o.max_num_seqs = 2;
 	CHECK_OK(g4_open(&o, &e, &err), &err);
@@ -243,7 +239,7 @@ G4_TEST(engine_decode_first_bounds_latency)
 				b_first = -1,
 				c_first = -1;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	o.max_num_batched_tokens = BUDGET;
 	CHECK_OK(g4_open(&o, &e, &err), &err);
@@ -310,7 +306,7 @@ G4_TEST(engine_image_block_waits_for_the_budget_not_for_ever)
 				i,
 				step;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	o.max_num_seqs = 4;
 	o.max_num_batched_tokens = BUDGET;
@@ -379,7 +375,7 @@ G4_TEST(engine_kv_accounting)
 	size_t		per_full;
 	int			g;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	o.kv_dtype = G4_KV_TURBOQUANT_K8V4;
 	o.max_model_len = 1024;
@@ -425,7 +421,7 @@ G4_TEST(engine_memory_uses_add_up)
 				workspace = 0;
 	int			n;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	o.draft_model_path = h_assistant_of(model, abuf, sizeof(abuf));
 	CHECK_MSG(o.draft_model_path, "no assistant beside %s", model);
@@ -501,7 +497,7 @@ G4_TEST(engine_sampling_seed_and_options)
 	int			differs = 0,
 				i;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	h_token_request(&req, prompt_ids, 11, 24);
@@ -543,7 +539,7 @@ G4_TEST(engine_max_tokens_and_usage)
 	g4_request	req;
 	h_result	r;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	h_token_request(&req, prompt_ids, 11, 5);
@@ -568,7 +564,7 @@ G4_TEST(engine_stop_strings_cut_output)
 	const char *stops[1];
 	char		needle[16];
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	h_token_request(&req, prompt_ids, 11, 40);
@@ -606,7 +602,7 @@ G4_TEST(engine_streamed_text_equals_detokenized_tokens)
 	char	   *text = NULL;
 	size_t		len = 0;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	h_token_request(&req, prompt_ids, 11, 64);
@@ -641,7 +637,7 @@ G4_TEST(engine_byte_run_before_a_channel_token_stays_in_its_channel)
 	"<channel|>", "a"};
 	size_t		i;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	h_token_request(&req, prompt_ids, 11, 64);
@@ -678,7 +674,7 @@ G4_TEST(engine_penalties_change_choices)
 				i,
 				j;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	h_token_request(&req, prompt_ids, 11, 48);

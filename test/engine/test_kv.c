@@ -284,6 +284,22 @@ mini_pool_free(mini_pool *mp)
 		mp->be->ops->destroy(mp->be);
 }
 
+/* A step of n tokens that only stores: empty visible ranges. */
+static g4_step_meta
+store_step(int n, const int32_t *tok, const int32_t *pos, const int32_t *slot)
+{
+	g4_step_meta m;
+
+	memset(&m, 0, sizeof(m));
+	m.n_tokens = n;
+	m.token = tok;
+	m.pos = pos;
+	m.slot = slot;
+	m.lo[0] = m.lo[1] = pos;
+	m.hi[0] = m.hi[1] = pos;
+	return m;
+}
+
 /*
  * head_norm_rope given the layer writes the pool as head_norm_rope then
  * kv_store do, in every dtype, with and without k_eq_v; it refuses a layer
@@ -332,13 +348,7 @@ G4_TEST(kv_head_norm_rope_stores_as_kv_store)
 				runs[nr++] = (g4_head_run) {heads * hd, kvh, pair.knorm, pair.inv, G4_STORE_K};
 				runs[nr++] = (g4_head_run) {(heads + kvh) * hd, kvh, NULL, NULL, G4_STORE_V};
 			}
-			memset(&m, 0, sizeof(m));
-			m.n_tokens = n;
-			m.token = tok;
-			m.pos = pos;
-			m.slot = slot;
-			m.lo[0] = m.lo[1] = pos;
-			m.hi[0] = m.hi[1] = pos;
+			m = store_step(n, tok, pos, slot);
 			CHECK_INT(pair.be->ops->step_begin(pair.be, &m), G4_OK);
 			CHECK_INT(pair.be->ops->head_norm_rope(pair.be, x, n, stride, hd, runs, nr, 1e-6f, NULL), G4_OK);
 			CHECK_INT(pair.be->ops->kv_store(pair.be, &pair.L, keqv ? NULL : x + heads * hd, stride,
@@ -378,13 +388,7 @@ run_attention(mini_pool *mp, const float *k, const float *v, int n, const float 
 
 	for (i = 0; i < n; i++)
 		pos[i] = i;
-	memset(&m, 0, sizeof(m));
-	m.n_tokens = n;
-	m.token = tok;
-	m.pos = pos;
-	m.slot = slot;
-	m.lo[0] = m.lo[1] = pos;
-	m.hi[0] = m.hi[1] = pos;
+	m = store_step(n, tok, pos, slot);
 	rc = be->ops->step_begin(be, &m);
 	if (rc == G4_OK)
 		rc = be->ops->kv_store(be, &mp->L, mp->L.k_eq_v ? NULL : k, kvw, v, kvw, n);

@@ -12,10 +12,6 @@
 #include "harness.h"
 #include "test.h"
 
-#define NEED_MODEL() \
-	const char *model = h_fixture_model(); \
-	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)")
-
 /* What broken_copy breaks: `from` replaced by `to` in config.json (when
  * given), model.safetensors truncated to `trunc` bytes (when > 0). */
 typedef struct
@@ -80,7 +76,7 @@ G4_TEST(load_errors_name_the_problem)
 	g4_err		err;
 	char		dir[4096];
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	CHECK_INT(open_err("/nonexistent/model", &err), G4_ERR_IO);
 	CHECK(strstr(err.msg, "no such model"));
 

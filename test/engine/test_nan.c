@@ -11,36 +11,32 @@
 #include "nan_cases.h"
 #include "test.h"
 
-#define NEED_MODEL() \
-	const char *model = h_fixture_model(); \
-	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)")
-
 G4_TEST(nan_logits_fail_only_their_sequence)
 {
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	nan_case_batch(model, G4_BACKEND_CPU);
 }
 
 G4_TEST(nan_blocks_leave_the_prefix_cache)
 {
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	nan_case_prefix(model, G4_BACKEND_CPU);
 }
 
 G4_TEST(nan_logits_fail_a_verify_step)
 {
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	nan_case_verify(model, G4_BACKEND_CPU);
 }
 
 G4_TEST(nan_draft_logits_end_the_drafts)
 {
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	nan_case_drafts(model, G4_BACKEND_CPU);
 }
 
 G4_TEST(nan_logits_fail_scoring)
 {
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	nan_case_score(model, G4_BACKEND_CPU);
 }

@@ -10,10 +10,6 @@
 #include "harness.h"
 #include "test.h"
 
-#define NEED_MODEL() \
-	const char *model = h_fixture_model(); \
-	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)")
-
 #define BT G4_KV_BLOCK_TOKENS
 #define MAX_PROMPT 600
 
@@ -137,7 +133,7 @@ G4_TEST(prefix_outputs_equal_cache_on_off)
 	size_t		d,
 				l;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	for (d = 0; d < G4_ARRAY_LEN(dtypes); d++)
 		for (l = 0; l < G4_ARRAY_LEN(loads); l++)
 		{
@@ -219,7 +215,7 @@ G4_TEST(prefix_hits_equal_shared_blocks)
 				n;
 	int64_t		hit;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	W = e->model->cfg.sliding_window;
@@ -279,7 +275,7 @@ G4_TEST(prefix_references_released_on_cancel)
 	int			i,
 				step;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	memset(r, 0, sizeof(r));
@@ -354,7 +350,7 @@ G4_TEST(prefix_blocks_reclaimed_under_pressure)
 	int			on,
 				i;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	memset(out, 0, sizeof(out));
 	for (on = 0; on < 2; on++)
 	{
@@ -414,7 +410,7 @@ G4_TEST(prefix_sliding_window_survives_interleaving)
 	int64_t		hits[2][6];
 	int			kept;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	for (kept = 0; kept < 2; kept++)
 	{
 		g4_options	o;
@@ -476,7 +472,7 @@ G4_TEST(prefix_soft_tokens_keyed_by_embedding_rows)
 				v;
 	int64_t		hit[3];
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	H = e->model->cfg.hidden_size;
@@ -528,7 +524,7 @@ G4_TEST(prefix_admitted_together_prefill_it_once)
 	g4_stats	st;
 	int			prompt = load.shared + load.own;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	memset(out, 0, sizeof(out));
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);

@@ -10,10 +10,6 @@
 #include "harness.h"
 #include "test.h"
 
-#define NEED_MODEL() \
-	const char *model = h_fixture_model(); \
-	if (!model) G4_SKIP("G4_FIXTURE_MODEL not set (run through make check-engine)")
-
 typedef struct
 {
 	g4_engine  *e;
@@ -63,7 +59,7 @@ G4_TEST(engine_prepare_off_thread)
 	uint64_t	id;
 	int			steps = 0;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 
@@ -105,7 +101,7 @@ G4_TEST(engine_prepare_cancelled)
 	prep_job	job;
 	g4_cancel_flag cancel = 1;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	memset(&job, 0, sizeof(job));
@@ -133,7 +129,7 @@ G4_TEST(engine_raw_prompt_control_tokens)
 	h_result	plain,
 				control;
 
-	NEED_MODEL();
+	H_NEED_FIXTURE(model);
 	h_options(&o, model);
 	CHECK_OK(g4_open(&o, &e, &err), &err);
 	memset(&req, 0, sizeof(req));

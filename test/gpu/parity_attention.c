@@ -215,17 +215,24 @@ typedef struct
 	meta_buf	mb;
 } store_fixture;
 
+/* A row of stores into layer group each[i]: its pool and what is counted. */
 static int
-kv_store_describe(const parity_row *r, int i, char *label, size_t size)
+store_label(const parity_row *r, int i, const char *counted, char *label, size_t size)
 {
 	int			hd,
 				nkv,
 				keqv;
 
 	pool_geometry(r->a.pool.small, r->each[i], &hd, &nkv, &keqv);
-	snprintf(label, size, "%s hd=%d kv_heads=%d%s%s (bytes differing)", dtype_name(r->a.pool.dtype), hd, nkv,
-			 keqv ? " k_eq_v" : "", r->a.pool.nans ? " NaN in some keys and values" : "");
+	snprintf(label, size, "%s hd=%d kv_heads=%d%s%s (%s)", dtype_name(r->a.pool.dtype), hd, nkv,
+			 keqv ? " k_eq_v" : "", r->a.pool.nans ? " NaN in some keys and values" : "", counted);
 	return 1;
+}
+
+static int
+kv_store_describe(const parity_row *r, int i, char *label, size_t size)
+{
+	return store_label(r, i, "bytes differing", label, size);
 }
 
 static void *
@@ -265,14 +272,7 @@ const parity_kind parity_kv_store = {
 static int
 hnr_store_describe(const parity_row *r, int i, char *label, size_t size)
 {
-	int			hd,
-				nkv,
-				keqv;
-
-	pool_geometry(r->a.pool.small, r->each[i], &hd, &nkv, &keqv);
-	snprintf(label, size, "%s hd=%d kv_heads=%d%s (words of the rows and bytes of the pool differing)",
-			 dtype_name(r->a.pool.dtype), hd, nkv, keqv ? " k_eq_v" : "");
-	return 1;
+	return store_label(r, i, "words of the rows and bytes of the pool differing", label, size);
 }
 
 /* A layer's q/k/v rows (g4_layer_head_runs' runs) through head_norm_rope
